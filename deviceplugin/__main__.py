@@ -1,0 +1,64 @@
+"""Command-line entry point: parse, set up logging, run the command, map errors to exit codes.
+
+This is the one place that decides how the process ends: 0 on a clean stop, 1 on an
+unexpected internal error (or NVML unavailable with failOnInitError), 2 on bad usage or an
+invalid configuration at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from deviceplugin.cli import Settings, parse_settings
+from deviceplugin.errors import ConfigError, DiscoveryError, NvmlError
+from deviceplugin.log import configure, log_event
+
+logger = logging.getLogger("deviceplugin")
+
+
+def _run(settings: Settings) -> int:
+    if settings.command == "validate-config":
+        from deviceplugin.commands import validate_config
+
+        return validate_config(settings)
+    if settings.command == "inspect":
+        from deviceplugin.inspect import inspect
+
+        return inspect(settings)
+    if settings.command == "demo":
+        from deviceplugin.demo import demo
+
+        return asyncio.run(demo())
+    from deviceplugin.service import serve
+
+    asyncio.run(serve(settings))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    configure(settings.log_format)
+    try:
+        return _run(settings)
+    except (ConfigError, DiscoveryError) as exc:
+        field = exc.path if isinstance(exc, ConfigError) else ""
+        log_event(logger, "startup.invalid", logging.ERROR, field=field, error=str(exc))
+        return 2
+    except NvmlError as exc:
+        log_event(logger, "nvml.init.failed", logging.ERROR, error=str(exc),
+                  hint="is the NVIDIA driver loaded and the container run with the NVIDIA runtime? "
+                  "set failOnInitError: false to idle on nodes without GPUs")
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    except Exception:
+        logger.exception("internal.error")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The command line (SPEC §1): subcommands, flags, and the environment variable behind each flag.
+
+Parsing only: argv + environment -> Settings. A flag beats its variable; config-file values are
+overridden only by flags or variables that were actually given (config.load_config does that).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deviceplugin import __version__
+from deviceplugin.config import ENV_OVERRIDES
+from deviceplugin.log import LogFormat
+
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+
+# flag name (without --) -> (settings key, env var, help)
+_RUNTIME_FLAGS: dict[str, tuple[str, str, str]] = {
+    "config-file": ("config_file", "CONFIG_FILE", "the v1 config file; watched for changes"),
+    "kubelet-dir": (
+        "kubelet_dir",
+        "DP_KUBELET_DIR",
+        f"where kubelet.sock is and our sockets go (default {DEFAULT_KUBELET_DIR})",
+    ),
+    "simulate": ("simulate", "DP_SIMULATE", "simulated node: a preset name or a node YAML file"),
+    "simulate-events": (
+        "simulate_events",
+        "DP_SIMULATE_EVENTS",
+        "with --simulate: a JSON-lines file; appended lines become NVML events",
+    ),
+    "http-address": (
+        "http_address",
+        "DP_HTTP_ADDRESS",
+        "HOST:PORT for /healthz, /readyz and /metrics (default: off)",
+    ),
+    "log-format": ("log_format", "DP_LOG_FORMAT", "text or json (default text)"),
+    "health-recovery-after": (
+        "health_recovery_after",
+        "DP_HEALTH_RECOVERY_AFTER",
+        "hold-down before an Unhealthy device is re-probed: seconds, 5m, 1h, or off (default 5m)",
+    ),
+}
+
+_OVERRIDE_HELP = {
+    "mig_strategy": "none, single or mixed",
+    "fail_on_init_error": "true or false",
+    "pass_device_specs": "true or false",
+    "device_list_strategy": "envvar, volume-mounts, cdi-annotations, cdi-cri (comma list)",
+    "device_id_strategy": "uuid or index",
+    "nvidia_driver_root": "driver root on the host (default /)",
+    "nvidia_dev_root": "dev root on the host (default: the driver root)",
+    "cdi_annotation_prefix": "prefix of the CDI annotation key (default cdi.k8s.io/)",
+    "shared_devices_allocation_policy": "distributed or packed",
+}
+
+HEALTH_ENV_VARS = ("DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "DP_HEALTH_POLICY")
+
+SERVE_ENV_VARS: frozenset[str] = frozenset(
+    [env for _, env, _ in _RUNTIME_FLAGS.values()]
+    + list(ENV_OVERRIDES.values())
+    + list(HEALTH_ENV_VARS)
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything `serve` and `inspect` need from the command line and the environment."""
+
+    command: str
+    config_file: str | None = None
+    kubelet_dir: Path = Path(DEFAULT_KUBELET_DIR)
+    simulate: str | None = None
+    simulate_events: str | None = None
+    http_address: str | None = None
+    log_format: LogFormat = "text"
+    health_recovery_after: str = "5m"
+    overrides: Mapping[str, str | None] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    output: str = "table"
+    pods: bool = False
+    source: str | None = None  # inspect --from URL
+    path: str | None = None  # validate-config FILE
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="deviceplugin",
+        description="Kubernetes device plugin for NVIDIA GPUs, MIG devices and time-sliced replicas.",
+    )
+    parser.add_argument("--version", action="version", version=f"deviceplugin {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="register with the kubelet and serve until stopped")
+    inspect = commands.add_parser("inspect", help="show what serve advertises (or is advertising)")
+    for sub in (serve, inspect):
+        for name, (dest, env, text) in _RUNTIME_FLAGS.items():
+            sub.add_argument(f"--{name}", dest=dest, help=f"{text} [env {env}]")
+        for key, env in ENV_OVERRIDES.items():
+            sub.add_argument(_flag(key), dest=key, help=f"{_OVERRIDE_HELP.get(key, '')} [env {env}]")
+    inspect.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    inspect.add_argument("--pods", action="store_true", help="show which pod holds each device")
+    inspect.add_argument(
+        "--from", dest="source", metavar="URL", help="ask a running serve at http://HOST:PORT"
+    )
+    validate = commands.add_parser("validate-config", help="check a config file")
+    validate.add_argument("path", metavar="FILE")
+    commands.add_parser("demo", help="run serve on a simulated node against a kubelet emulator")
+    return parser
+
+
+def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
+    """Parse argv; each runtime flag falls back to its environment variable. Exits 2 on bad usage."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    values = vars(args)
+    runtime: dict[str, str | None] = {}
+    for dest, env_name, _ in _RUNTIME_FLAGS.values():
+        given = values.get(dest)
+        runtime[dest] = given if given is not None else env.get(env_name) or None
+    log_format = runtime["log_format"] or "text"
+    if log_format not in ("text", "json"):
+        parser.error(f"--log-format / DP_LOG_FORMAT must be text or json, got {log_format!r}")
+    if runtime["simulate_events"] and not runtime["simulate"]:
+        parser.error("--simulate-events needs --simulate")
+    return Settings(
+        command=args.command,
+        config_file=runtime["config_file"],
+        kubelet_dir=Path(runtime["kubelet_dir"] or DEFAULT_KUBELET_DIR),
+        simulate=runtime["simulate"],
+        simulate_events=runtime["simulate_events"],
+        http_address=runtime["http_address"],
+        log_format="json" if log_format == "json" else "text",
+        health_recovery_after=runtime["health_recovery_after"] or "5m",
+        overrides={key: values.get(key) for key in ENV_OVERRIDES},
+        env=dict(env),
+        output=values.get("output") or "table",
+        pods=bool(values.get("pods")),
+        source=values.get("source"),
+        path=values.get("path"),
+    )

@@ -1,0 +1,75 @@
+"""Registration with the kubelet: one Register call per resource, retried with backoff.
+
+The kubelet (1.25+) dials the plugin back and calls GetDevicePluginOptions inside Register, so a
+server must already be serving when `register` is called. Errors come back as gRPC status
+`Unknown` with the kubelet's text; they are raised as RegistrationError carrying that text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import grpc
+
+from deviceplugin.errors import RegistrationError
+from deviceplugin.log import log_event
+from deviceplugin.server import OPTIONS
+from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+
+
+async def register(kubelet_dir: Path, endpoint: str, resource: str, timeout: float = 5.0) -> None:
+    """Register `resource`, served on `<kubelet_dir>/<endpoint>`, with the kubelet once."""
+    socket = kubelet_dir / KUBELET_SOCKET
+    if not socket.exists():
+        raise RegistrationError(f"kubelet socket {socket} does not exist")
+    request = api_pb2.RegisterRequest(
+        version=API_VERSION, endpoint=endpoint, resource_name=resource, options=OPTIONS
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = api_pb2_grpc.RegistrationStub(channel)
+            await stub.Register(request, timeout=timeout, wait_for_ready=False)
+    except grpc.aio.AioRpcError as exc:
+        raise RegistrationError(
+            f"kubelet refused {resource}: {exc.code().name}: {exc.details()}"
+        ) from None
+
+
+async def register_until_done(
+    kubelet_dir: Path,
+    endpoint: str,
+    resource: str,
+    first_delay: float = 0.1,
+    max_delay: float = 5.0,
+) -> int:
+    """Register, retrying with exponential backoff until the kubelet accepts; returns attempts.
+
+    Runs until it succeeds or is cancelled: a kubelet that is down now is expected back.
+    """
+    delay = first_delay
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            await register(kubelet_dir, endpoint, resource)
+            return attempt
+        except RegistrationError as exc:
+            level = logging.WARNING if attempt in (1, 10) or attempt % 50 == 0 else logging.DEBUG
+            log_event(
+                logger,
+                "kubelet.register.failed",
+                level,
+                resource=resource,
+                attempt=attempt,
+                retry_in=round(delay, 2),
+                error=str(exc),
+            )
+        await asyncio.sleep(delay)
+        delay = min(max_delay, delay * 2)

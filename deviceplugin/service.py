@@ -1,0 +1,75 @@
+"""`serve`: the supervisor wired to signals, file watchers and periodic checks, until stopped.
+
+SIGTERM/SIGINT stop the plugin (servers stopped, sockets removed, NVML shut down); SIGHUP forces
+a reload. Watchers catch ConfigMap swaps and kubelet restarts at once; a cheap periodic check
+catches what they cannot see (a MIG re-cut, a missed file event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+
+from deviceplugin.cli import Settings
+from deviceplugin.log import log_event
+from deviceplugin.metrics import Metrics
+from deviceplugin.supervisor import Supervisor
+from deviceplugin.watch import Watchers
+
+logger = logging.getLogger(__name__)
+
+REDISCOVER_SECONDS = 60.0
+SOCKET_CHECK_SECONDS = 5.0
+
+
+async def _periodic(supervisor: Supervisor) -> None:
+    """Check sockets every few seconds and the inventory every minute."""
+    elapsed = 0.0
+    while True:
+        await asyncio.sleep(SOCKET_CHECK_SECONDS)
+        elapsed += SOCKET_CHECK_SECONDS
+        await supervisor.check_kubelet("periodic check")
+        if elapsed >= REDISCOVER_SECONDS:
+            elapsed = 0.0
+            await supervisor.rediscover()
+
+
+async def run_supervisor(supervisor: Supervisor) -> None:
+    """Start the supervisor and keep it reacting until `request_stop`; always cleans up."""
+    loop = asyncio.get_running_loop()
+    settings = supervisor.settings
+    watchers = Watchers()
+    periodic: asyncio.Task[None] | None = None
+    try:
+        await supervisor.start()
+        if settings.config_file:
+            watchers.watch_config(loop, Path(settings.config_file),
+                                  lambda: supervisor.reload("config file changed"))
+        watchers.watch_kubelet(loop, settings.kubelet_dir, supervisor.our_sockets,
+                               lambda: supervisor.check_kubelet("kubelet directory changed"))
+        watchers.start()
+        periodic = loop.create_task(_periodic(supervisor))
+        log_event(logger, "plugin.started", resources=sorted(supervisor.status().resources))
+        await supervisor.wait_stopped()
+    finally:
+        if periodic is not None:
+            periodic.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await periodic
+        await asyncio.to_thread(watchers.stop)
+        await supervisor.shutdown()
+
+
+async def serve(settings: Settings) -> None:
+    """The `serve` command: run until SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    supervisor = Supervisor(settings, Metrics())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, supervisor.request_stop)
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: loop.create_task(supervisor.reload("SIGHUP", force=True))
+    )
+    await run_supervisor(supervisor)
