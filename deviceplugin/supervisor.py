@@ -49,9 +49,12 @@ class Status:
     kubelet_restarting: bool
     config_source: str | None
     last_config_error: str | None
+    started: bool = True
 
     @property
     def ready(self) -> bool:
+        if not self.started:
+            return False
         everything = set(self.resources) <= self.registered
         monitored = self.health_monitor_alive or not self.nvml_available or not self.resources
         return everything and monitored and not self.kubelet_restarting
@@ -79,6 +82,7 @@ class Supervisor:
         self._kubelet_restarting = False
         self._last_config_error: str | None = None
         self._kubelet_identity: tuple[int, int] | None = None
+        self._started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -98,6 +102,7 @@ class Supervisor:
                 raise
             log_event(logger, "nvml.unavailable", logging.WARNING, error=str(exc),
                       hint="failOnInitError is false: advertising nothing, watching config")
+            self._started = True
             return
         self._inventory = discover(self._nvml, host_root=config.flags.nvidia_driver_root)
         self._allocator_or_fail().configure(config, self._inventory)
@@ -109,6 +114,7 @@ class Supervisor:
         async with self._lock:
             await self._reconcile()
         self._start_monitor()
+        self._started = True
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
@@ -140,6 +146,7 @@ class Supervisor:
             kubelet_restarting=self._kubelet_restarting,
             config_source=self.settings.config_file,
             last_config_error=self._last_config_error,
+            started=self._started,
         )
 
     @property
@@ -347,7 +354,8 @@ class Supervisor:
         kubelet_dir = self.settings.kubelet_dir
 
         async def run() -> None:
-            await register_until_done(kubelet_dir, server.socket_path.name, name)
+            failed = self.metrics.registration_failures.labels(name).inc
+            await register_until_done(kubelet_dir, server.socket_path.name, name, on_failure=failed)
             self._registered.add(name)
             self._registering.pop(name, None)
             if not self._registering:

@@ -1,0 +1,109 @@
+"""A running plugin for end-to-end tests: the real supervisor, servers and watchers on the
+simulator, against the kubelet emulator, in a short temp dir (AF_UNIX paths stay < 108 bytes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.cli import Settings
+from deviceplugin.demo import write_configmap
+from deviceplugin.metrics import Metrics
+from deviceplugin.service import run_supervisor
+from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.supervisor import Supervisor
+
+SEED = """\
+version: v1
+flags:
+  migStrategy: mixed
+sharing:
+  timeSlicing:
+    resources:
+      - name: nvidia.com/gpu
+        replicas: {replicas}
+"""
+GPU = "nvidia.com/gpu"
+MIG = "nvidia.com/mig-1g.10gb"
+
+
+@dataclass
+class Plugin:
+    root: Path
+    kubelet: KubeletEmulator
+    supervisor: Supervisor
+    events: Path
+    task: asyncio.Task[None]
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "k"
+
+    def settled(self) -> bool:
+        """Ready, and the kubelet has the first list of every resource it registered."""
+        names = self.kubelet.resources()
+        return self.supervisor.status().ready and bool(names) and all(
+            self.kubelet.endpoints[name].updates > 0 for name in names)
+
+    def event(self, **line: Any) -> None:
+        with self.events.open("a") as file:
+            file.write(json.dumps(line) + "\n")
+
+    def swap_config(self, text: str) -> None:
+        write_configmap(self.root / "cm", text)
+
+    async def until(self, predicate: Any, timeout: float = 5.0) -> None:
+        """Wait for a condition, woken by kubelet-visible changes and re-checked every 50 ms."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate():
+            assert loop.time() < deadline, "condition not met in time"
+            await self.kubelet.wait_for(predicate, 0.05)
+
+
+@contextlib.asynccontextmanager
+async def running_plugin(
+    simulate: str = "a100-80gb-x8-mixed",
+    config_text: str = SEED.format(replicas=2),
+    env: Mapping[str, str] | None = None,
+    start_kubelet: bool = True,
+    wait_registered: bool = True,
+    recovery: str = "off",
+) -> AsyncIterator[Plugin]:
+    root = Path(tempfile.mkdtemp(prefix="dpt"))
+    kubelet = KubeletEmulator(root / "k")
+    if start_kubelet:
+        await kubelet.start()
+    config = write_configmap(root / "cm", config_text)
+    events = root / "ev.jsonl"
+    events.touch()
+    settings = Settings(command="serve", kubelet_dir=root / "k", simulate=simulate,
+                        simulate_events=str(events), config_file=str(config),
+                        health_recovery_after=recovery, env=dict(env or {}))
+    supervisor = Supervisor(settings, Metrics())
+    task = asyncio.get_running_loop().create_task(run_supervisor(supervisor))
+    plugin = Plugin(root, kubelet, supervisor, events, task)
+    try:
+        if wait_registered:
+            await plugin.until(lambda: plugin.settled() or task.done(), timeout=10)
+            if task.done():
+                task.result()
+        yield plugin
+    finally:
+        supervisor.request_stop()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(coro: Any) -> Any:
+    """Run one async test body in a fresh loop."""
+    return asyncio.run(coro)
