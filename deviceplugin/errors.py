@@ -6,7 +6,8 @@
     │   └── GpuLostError              NVML_ERROR_GPU_IS_LOST on one GPU
     ├── DiscoveryError                the node cannot be described (e.g. MIG layout unfit for 'single')
     ├── AllocationError               a kubelet request names unknown or unhealthy IDs, or breaks a rule
-    └── RegistrationError             the kubelet refused or could not be reached
+    ├── RegistrationError             the kubelet refused or could not be reached
+    └── PodResourcesError             the kubelet's pod-resources API did not answer List
 
 Only `__main__` decides what an error means for the process (exit code, idle, retry), and only
 `server.py` turns errors into gRPC status codes.
@@ -50,3 +51,7 @@ class AllocationError(DevicePluginError):
 
 class RegistrationError(DevicePluginError):
     """Registering with the kubelet failed."""
+
+
+class PodResourcesError(DevicePluginError):
+    """The kubelet's pod-resources socket exists but List failed (timeout, refused, denied)."""

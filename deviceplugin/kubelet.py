@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -48,10 +49,12 @@ async def register_until_done(
     resource: str,
     first_delay: float = 0.1,
     max_delay: float = 5.0,
+    on_failure: Callable[[], None] | None = None,
 ) -> int:
     """Register, retrying with exponential backoff until the kubelet accepts; returns attempts.
 
     Runs until it succeeds or is cancelled: a kubelet that is down now is expected back.
+    `on_failure` is called after each failed attempt (the registration-failure metric).
     """
     delay = first_delay
     attempt = 0
@@ -71,5 +74,7 @@ async def register_until_done(
                 retry_in=round(delay, 2),
                 error=str(exc),
             )
+            if on_failure is not None:
+                on_failure()
         await asyncio.sleep(delay)
         delay = min(max_delay, delay * 2)

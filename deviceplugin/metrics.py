@@ -1,7 +1,8 @@
 """Prometheus metrics, all under the `deviceplugin_` prefix, in a registry of their own.
 
 One `Metrics` object per running plugin; the supervisor and servers call its small methods, so
-no other module touches prometheus-client. Names and labels are documented in the README.
+no other module touches prometheus-client. Names and labels are documented in
+docs/observability.md.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from deviceplugin import __version__
+from deviceplugin.pods import PodDevices
 from deviceplugin.resources import ResourceSet
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -72,11 +74,13 @@ class Metrics:
         )
         self.allocated = Gauge(
             "deviceplugin_allocated_device",
-            "1 for each device ID a pod holds, per the kubelet's pod-resources API.",
-            ["resource", "device", "physical", "namespace", "pod", "container"],
+            "1 for each device ID a container holds, per the kubelet's pod-resources API.",
+            ["resource", "device", "physical", "gpu", "namespace", "pod", "container"],
             registry=r,
         )
-        self.build = Info("deviceplugin_build", "Plugin version and NVML driver version.", registry=r)
+        self.build = Info(
+            "deviceplugin_build", "Plugin version and NVML driver version.", registry=r
+        )
         self.build.info({"version": __version__, "driver_version": ""})
 
     def set_driver_version(self, driver_version: str) -> None:
@@ -89,6 +93,22 @@ class Metrics:
             healthy = sum(device.healthy for device in resource.devices)
             self.devices.labels(name, "Healthy").set(healthy)
             self.devices.labels(name, "Unhealthy").set(len(resource.devices) - healthy)
+
+    def set_allocated(
+        self, pods: PodDevices | None, resources: Mapping[str, ResourceSet]
+    ) -> None:
+        """Publish who holds which of our devices, with the physical device and parent GPU
+        behind each ID; None (assignments unknown) publishes nothing rather than stale rows."""
+        self.allocated.clear()
+        if pods is None:
+            return
+        for name, resource in resources.items():
+            for device in resource.devices:
+                for holder in pods.holders(name, device.id):
+                    self.allocated.labels(
+                        name, device.id, device.physical_uuid, device.gpu_uuid,
+                        holder.namespace, holder.pod, holder.container,
+                    ).set(1)
 
     def rpc_done(self, resource: str, method: str, seconds: float, ok: bool) -> None:
         self.rpc_requests.labels(resource, method, "ok" if ok else "error").inc()

@@ -14,8 +14,10 @@ import signal
 from pathlib import Path
 
 from deviceplugin.cli import Settings
+from deviceplugin.http import HttpServer
 from deviceplugin.log import log_event
 from deviceplugin.metrics import Metrics
+from deviceplugin.pods import pod_resources_socket
 from deviceplugin.supervisor import Supervisor
 from deviceplugin.watch import Watchers
 
@@ -37,13 +39,23 @@ async def _periodic(supervisor: Supervisor) -> None:
             await supervisor.rediscover()
 
 
-async def run_supervisor(supervisor: Supervisor) -> None:
-    """Start the supervisor and keep it reacting until `request_stop`; always cleans up."""
+async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None) -> None:
+    """Start the supervisor and keep it reacting until `request_stop`; always cleans up.
+
+    HTTP (`http`, or one built from `--http-address`) listens before start-up begins, so
+    /healthz answers and /readyz says "starting" while devices are discovered and registered.
+    """
     loop = asyncio.get_running_loop()
     settings = supervisor.settings
+    if http is None and settings.http_address:
+        http = HttpServer(
+            settings.http_address, supervisor, pod_resources_socket(settings.kubelet_dir)
+        )
     watchers = Watchers()
     periodic: asyncio.Task[None] | None = None
     try:
+        if http is not None:
+            await http.start()
         await supervisor.start()
         if settings.config_file:
             watchers.watch_config(loop, Path(settings.config_file),
@@ -60,7 +72,11 @@ async def run_supervisor(supervisor: Supervisor) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await periodic
         await asyncio.to_thread(watchers.stop)
-        await supervisor.shutdown()
+        try:
+            await supervisor.shutdown()
+        finally:
+            if http is not None:
+                await http.stop()
 
 
 async def serve(settings: Settings) -> None:

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the kubelet PodResources API; regenerate with `make protos`."""
