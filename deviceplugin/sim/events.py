@@ -1,0 +1,152 @@
+"""The simulated-events file (SPEC section 4): JSON lines appended while the plugin runs.
+
+One object per line. `uuid` names a GPU or MIG device; the other keys say what happens:
+
+    {"uuid": "GPU-...", "xid": 79}                 Xid event on the GPU (GI/CI 0xFFFFFFFF)
+    {"uuid": "MIG-...", "xid": 94}                 Xid event on the parent GPU, with the MIG
+                                                   device's GI/CI ids
+    {"uuid": "GPU-...", "ecc": "double"}           ECC event ("single" or "double")
+    {"uuid": "GPU-...", "lost": true}              every later NVML call on the GPU fails with
+                                                   GPU_IS_LOST; registered event sets get Xid 79
+                                                   (fallen off the bus) unless the line has an xid
+    {"uuid": "GPU-...", "lost": false}             the GPU answers again
+    {"uuid": "GPU-...", "retiredPagesPending": true}     nvmlDeviceGetRetiredPagesPendingStatus
+    {"uuid": "GPU-...", "remappedRowsPending": true}     nvmlDeviceGetRemappedRows isPending
+    {"uuid": "GPU-...", "recoveryAction": 1}       NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    {"waitError": "unknown"}                       the next wait of every event set fails with
+                                                   that NVML error (a name such as "unknown",
+                                                   "gpuIsLost", or a return code)
+
+Keys combine (state first, then the event). Only lines appended after the reader starts are
+read; a line is read once it ends with a newline. A malformed line is logged as
+`sim.event.malformed` and skipped; a truncated file is read again from its start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.log import log_event
+from deviceplugin.sim.structs import error_code
+
+logger = logging.getLogger(__name__)
+
+_ECC = {"single": 0x1, "double": 0x2}
+_BOOLEANS = {
+    "lost": "lost",
+    "retiredPagesPending": "retired_pages_pending",
+    "remappedRowsPending": "remapped_rows_pending",
+}
+
+
+@dataclass(frozen=True)
+class SimEvent:
+    """One parsed line; None fields are not mentioned by the line."""
+
+    uuid: str | None = None
+    xid: int | None = None
+    ecc_type: int | None = None
+    lost: bool | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    recovery_action: int | None = None
+    wait_error: int | None = None
+
+
+def parse_line(text: str) -> SimEvent:
+    """One line -> SimEvent. Raises ValueError saying what is wrong."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"not JSON: {err}") from err
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    unknown = set(data) - {"uuid", "xid", "ecc", "recoveryAction", "waitError", *_BOOLEANS}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}")
+    fields: dict[str, Any] = {}
+    uuid = data.get("uuid")
+    if uuid is not None and not (isinstance(uuid, str) and uuid.startswith(("GPU-", "MIG-"))):
+        raise ValueError("uuid must be a GPU- or MIG- UUID")
+    fields["uuid"] = uuid
+    for key, name in (("xid", "xid"), ("recoveryAction", "recovery_action")):
+        if key in data:
+            fields[name] = _count(data[key], key)
+    if "ecc" in data:
+        if data["ecc"] not in _ECC:
+            raise ValueError("ecc must be 'single' or 'double'")
+        fields["ecc_type"] = _ECC[data["ecc"]]
+    for key, name in _BOOLEANS.items():
+        if key in data:
+            if not isinstance(data[key], bool):
+                raise ValueError(f"{key} must be true or false")
+            fields[name] = data[key]
+    if "waitError" in data:
+        fields["wait_error"] = _wait_error(data["waitError"])
+    if len(fields) == 1:
+        raise ValueError("says nothing to do")
+    if uuid is None and set(fields) != {"uuid", "wait_error"}:
+        raise ValueError("needs a uuid")
+    return SimEvent(**fields)
+
+
+def _count(value: object, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key} must be a non-negative integer")
+    return value
+
+
+def _wait_error(value: object) -> int:
+    code = error_code(value) if isinstance(value, str) else value
+    if not isinstance(code, int) or isinstance(code, bool) or code <= 0:
+        raise ValueError(f"waitError {value!r} names no NVML error")
+    return code
+
+
+class EventFile:
+    """Reads the lines appended to one file since the reader started."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = self._size()
+        self._partial = b""
+
+    def _size(self) -> int:
+        try:
+            return os.stat(self._path).st_size
+        except OSError:
+            return 0
+
+    def read(self) -> list[SimEvent]:
+        """The events in complete lines appended since the last read."""
+        size = self._size()
+        if size < self._offset:
+            log_event(logger, "sim.event.truncated", logging.WARNING, path=str(self._path))
+            self._offset, self._partial = 0, b""
+        if size == self._offset:
+            return []
+        try:
+            with open(self._path, "rb") as stream:
+                stream.seek(self._offset)
+                chunk = stream.read(size - self._offset)
+        except OSError:
+            return []
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        events = []
+        for raw in lines:
+            text = raw.decode("utf-8", errors="replace").strip()
+            if not text:
+                continue
+            try:
+                events.append(parse_line(text))
+            except ValueError as err:
+                log_event(
+                    logger, "sim.event.malformed", logging.WARNING, line=text, reason=str(err)
+                )
+        return events

@@ -1,0 +1,173 @@
+"""The simulated node as it is right now: the node file (re-read when it changes), the per-GPU
+state that event lines change (lost, pending repairs), and the event sets waiting for events.
+
+Event lines are applied when read (`pump`, called by every simulated NVML call). An event
+reaches the event sets registered for its GPU at that moment; with no such set it is dropped,
+as NVML drops events nobody registered for. Runtime state is kept by UUID across node-file
+reloads. One lock guards it all: NVML may be called from several threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deviceplugin.errors import ConfigError
+from deviceplugin.log import log_event
+from deviceplugin.sim import structs as s
+from deviceplugin.sim.events import EventFile, SimEvent
+from deviceplugin.sim.node import Node, SimGpu, SimMig, read_node, resolve_node_path
+
+logger = logging.getLogger(__name__)
+
+_NO_INSTANCE = 0xFFFFFFFF
+_XID_FALLEN_OFF_BUS = 79
+
+
+@dataclass(eq=False)
+class SimEventSet:
+    """nvmlEventSet_t: what the set listens to and what it has not yet handed out."""
+
+    masks: dict[str, int] = field(default_factory=dict)
+    queue: deque[s.EventData] = field(default_factory=deque)
+    wait_error: int | None = None
+    freed: bool = False
+
+
+@dataclass
+class GpuState:
+    """What event lines have done to one GPU."""
+
+    lost: bool = False
+    retired_pages_pending: bool = False
+    remapped_rows_pending: bool = False
+    recovery_action: int = 0
+
+
+class World:
+    """The node, its GPUs' runtime state and the live event sets. `calls` are the NVML calls
+    the simulator has, which a node file's `notSupported` may name."""
+
+    def __init__(self, node: str, events_path: str | None, calls: Collection[str]) -> None:
+        self.lock = threading.RLock()
+        self._calls = frozenset(calls)
+        self._path = resolve_node_path(node)
+        self._stamp = self._file_stamp()
+        self.node = self._read()
+        self._events = EventFile(Path(events_path)) if events_path else None
+        self._states: dict[str, GpuState] = {}
+        self.event_sets: list[SimEventSet] = []
+
+    # --- the node file ------------------------------------------------------------------------
+
+    def _read(self) -> Node:
+        node = read_node(self._path)
+        for position, gpu in enumerate(node.gpus):
+            unknown = sorted(gpu.not_supported - self._calls)
+            if unknown:
+                path = f"gpus[{position}].notSupported"
+                raise ConfigError(path, f"no NVML call named {', '.join(unknown)}")
+        return node
+
+    def _file_stamp(self) -> tuple[int, int]:
+        try:
+            stat = self._path.stat()
+        except OSError:
+            return (0, 0)
+        return (stat.st_mtime_ns, stat.st_size)
+
+    def reload(self) -> None:
+        """Re-read the node file now; raises ConfigError when it is invalid."""
+        with self.lock:
+            stamp = self._file_stamp()
+            self.node, self._stamp = self._read(), stamp
+
+    def reload_if_changed(self) -> None:
+        """Re-read the node file if it changed; an invalid one is logged and the old kept."""
+        with self.lock:
+            if self._file_stamp() == self._stamp:
+                return
+            try:
+                self.reload()
+            except ConfigError as err:
+                self._stamp = self._file_stamp()
+                log_event(
+                    logger,
+                    "sim.node.invalid",
+                    logging.WARNING,
+                    path=str(self._path),
+                    error=str(err),
+                )
+
+    # --- lookups ------------------------------------------------------------------------------
+
+    def state(self, gpu_uuid: str) -> GpuState:
+        return self._states.setdefault(gpu_uuid, GpuState())
+
+    def owner(self, uuid: str) -> tuple[SimGpu, SimMig | None] | None:
+        """The GPU with this UUID, or the GPU and MIG device for a MIG UUID."""
+        for gpu in self.node.gpus:
+            if gpu.uuid == uuid:
+                return gpu, None
+            for mig in gpu.mig_devices:
+                if mig.uuid == uuid:
+                    return gpu, mig
+        return None
+
+    def numa_node(self, pci_bus_id: str) -> int | None:
+        """The node file's `numaNode` for the GPU at this PCI address."""
+        with self.lock:
+            for gpu in self.node.gpus:
+                if gpu.pci_bus_id.lower() == pci_bus_id.lower():
+                    return gpu.numa_node
+        return None
+
+    # --- events -------------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Apply the lines appended to the events file since the last call."""
+        if self._events is None:
+            return
+        with self.lock:
+            for event in self._events.read():
+                self._apply(event)
+
+    def _apply(self, event: SimEvent) -> None:
+        if event.wait_error is not None:
+            for event_set in self.event_sets:
+                event_set.wait_error = event.wait_error
+        if event.uuid is None:
+            return
+        owner = self.owner(event.uuid)
+        if owner is None:
+            log_event(logger, "sim.event.unknown_device", logging.WARNING, uuid=event.uuid)
+            return
+        gpu, mig = owner
+        state = self.state(gpu.uuid)
+        for name in ("lost", "retired_pages_pending", "remapped_rows_pending", "recovery_action"):
+            value = getattr(event, name)
+            if value is not None:
+                setattr(state, name, value)
+        xid = event.xid
+        if xid is None and event.lost:
+            xid = _XID_FALLEN_OFF_BUS
+        if xid is not None:
+            self._deliver(gpu, mig, s.nvmlEventTypeXidCriticalError, xid)
+        if event.ecc_type is not None:
+            self._deliver(gpu, mig, event.ecc_type, 0)
+
+    def _deliver(self, gpu: SimGpu, mig: SimMig | None, event_type: int, data: int) -> None:
+        event = s.EventData(
+            device=s.DeviceHandle(gpu.uuid),
+            eventType=event_type,
+            eventData=data,
+            gpuInstanceId=mig.gpu_instance_id if mig else _NO_INSTANCE,
+            computeInstanceId=mig.compute_instance_id if mig else _NO_INSTANCE,
+        )
+        for event_set in self.event_sets:
+            if event_set.masks.get(gpu.uuid, 0) & event_type:
+                event_set.queue.append(event)

@@ -1,0 +1,65 @@
+"""Small simulated nodes for tests: write a node file, open NVML on it, append events."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deviceplugin.nvml import Nvml
+from deviceplugin.sim.fake_nvml import FakeNvml
+
+
+def gpu_uuid(index: int) -> str:
+    return f"GPU-{index:08x}-0000-4000-8000-000000000000"
+
+
+def mig_uuid(gpu: int, mig: int) -> str:
+    return f"MIG-{gpu:08x}-{mig:04x}-4000-8000-000000000000"
+
+
+def gpu(position: int, /, **fields: Any) -> dict[str, Any]:
+    """One GPU entry: an A100-SXM4-80GB at bus 0x10+position unless `fields` say otherwise."""
+    entry: dict[str, Any] = {
+        "uuid": gpu_uuid(position),
+        "name": "NVIDIA A100-SXM4-80GB",
+        "memoryMiB": 81920,
+        "pciBusId": f"00000000:{0x10 + position:02X}:00.0",
+    }
+    entry.update(fields)
+    return entry
+
+
+def migs(gpu_index: int, *profiles: str, **fields: Any) -> dict[str, Any]:
+    """GPU fields for a MIG-enabled GPU holding one MIG device per profile."""
+    devices = [
+        {"profile": profile, "uuid": mig_uuid(gpu_index, n), "gpuInstanceId": n + 1}
+        for n, profile in enumerate(profiles)
+    ]
+    return {"migCapable": True, "migEnabled": True, "migDevices": devices, **fields}
+
+
+def write_node(path: Path, gpus: list[dict[str, Any]]) -> Path:
+    path.write_text(yaml.safe_dump({"gpus": gpus}))
+    return path
+
+
+class SimNode:
+    """A node file, the simulator on it, an events file, and Nvml over the simulator."""
+
+    def __init__(self, tmp_path: Path, gpus: list[dict[str, Any]], numa: bool = True) -> None:
+        self.node_path = write_node(tmp_path / "node.yaml", gpus)
+        self.events_path = tmp_path / "events.jsonl"
+        self.sim = FakeNvml(str(self.node_path), str(self.events_path))
+        self.nvml = Nvml(self.sim, numa_reader=self.sim.numa_node if numa else None)
+        self.nvml.init()
+
+    def append(self, *lines: dict[str, Any] | str) -> None:
+        with open(self.events_path, "a") as stream:
+            for line in lines:
+                stream.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+
+    def rewrite(self, gpus: list[dict[str, Any]]) -> None:
+        write_node(self.node_path, gpus)
