@@ -104,7 +104,7 @@ class Supervisor:
                       hint="failOnInitError is false: advertising nothing, watching config")
             self._started = True
             return
-        self._inventory = discover(self._nvml, host_root=config.flags.nvidia_driver_root)
+        self._inventory = discover(self._nvml)
         self._allocator_or_fail().configure(config, self._inventory)
         self.metrics.set_driver_version(self._inventory.driver_version)
         plan = build_plan(self._inventory, config)
@@ -295,7 +295,7 @@ class Supervisor:
     def _discover(self) -> Inventory | None:
         if self._nvml is None:
             return None
-        return discover(self._nvml, host_root=self.config.flags.nvidia_driver_root)
+        return discover(self._nvml)
 
     def _start_monitor(self) -> None:
         if self._nvml is None or self._inventory is None:
