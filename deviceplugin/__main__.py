@@ -49,9 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log_event(logger, "startup.invalid", logging.ERROR, field=field, error=str(exc))
         return 2
     except NvmlError as exc:
-        log_event(logger, "nvml.init.failed", logging.ERROR, error=str(exc),
-                  hint="is the NVIDIA driver loaded and the container run with the NVIDIA runtime? "
-                  "set failOnInitError: false to idle on nodes without GPUs")
+        log_event(
+            logger,
+            "nvml.init.failed",
+            logging.ERROR,
+            error=str(exc),
+            hint="is the NVIDIA driver loaded and the container run with the NVIDIA runtime? "
+            "set failOnInitError: false to idle on nodes without GPUs",
+        )
         return 1
     except KeyboardInterrupt:
         return 0

@@ -92,7 +92,7 @@ def _flag(key: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="deviceplugin",
-        description="Kubernetes device plugin for NVIDIA GPUs, MIG devices and time-sliced replicas.",
+        description="Kubernetes device plugin for NVIDIA GPUs, MIG devices and time-sliced GPUs.",
     )
     parser.add_argument("--version", action="version", version=f"deviceplugin {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -102,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         for name, (dest, env, text) in _RUNTIME_FLAGS.items():
             sub.add_argument(f"--{name}", dest=dest, help=f"{text} [env {env}]")
         for key, env in ENV_OVERRIDES.items():
-            sub.add_argument(_flag(key), dest=key, help=f"{_OVERRIDE_HELP.get(key, '')} [env {env}]")
+            sub.add_argument(
+                _flag(key), dest=key, help=f"{_OVERRIDE_HELP.get(key, '')} [env {env}]"
+            )
     inspect.add_argument("-o", "--output", choices=("table", "json"), default="table")
     inspect.add_argument("--pods", action="store_true", help="show which pod holds each device")
     inspect.add_argument(
@@ -115,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
-    """Parse argv; each runtime flag falls back to its environment variable. Exits 2 on bad usage."""
+    """Parse argv; each runtime flag falls back to its environment variable.
+
+    Exits 2 (argparse) on bad usage."""
     parser = build_parser()
     args = parser.parse_args(list(argv))
     values = vars(args)

@@ -71,16 +71,23 @@ async def demo() -> int:
     config = write_configmap(root / "cm", SEED_CONFIG.format(replicas=2))
     events = root / "events.jsonl"
     events.touch()
-    settings = Settings(command="serve", kubelet_dir=root / "k", simulate=PRESET,
-                        simulate_events=str(events), config_file=str(config),
-                        health_recovery_after="off", env={})
+    settings = Settings(
+        command="serve",
+        kubelet_dir=root / "k",
+        simulate=PRESET,
+        simulate_events=str(events),
+        config_file=str(config),
+        health_recovery_after="off",
+        env={},
+    )
     supervisor = Supervisor(settings, Metrics())
     runner = asyncio.get_running_loop().create_task(run_supervisor(supervisor))
     try:
         _say("1/5", f"plugin started on simulated node '{PRESET}' with the seed ConfigMap")
         expected = {"nvidia.com/gpu": 8, "nvidia.com/mig-1g.10gb": 28}
         await kubelet.wait_for(
-            lambda: all(kubelet.allocatable(n) == c for n, c in expected.items()), timeout=10)
+            lambda: all(kubelet.allocatable(n) == c for n, c in expected.items()), timeout=10
+        )
         _say("1/5", "the kubelet sees these resources registered:")
         _show(kubelet)
 
@@ -103,8 +110,9 @@ async def demo() -> int:
         _show(kubelet)
 
         await kubelet.restart()
-        await kubelet.wait_for(lambda: kubelet.allocatable("nvidia.com/mig-1g.10gb") == 28,
-                               timeout=5)
+        await kubelet.wait_for(
+            lambda: kubelet.allocatable("nvidia.com/mig-1g.10gb") == 28, timeout=5
+        )
         _say("5/5", "kubelet restarted (sockets deleted): the plugin re-registered by itself:")
         _show(kubelet)
         return 0

@@ -4,8 +4,8 @@
     ├── ConfigError                   a config file or flag is invalid (carries the field path)
     ├── NvmlError                     NVML failed (raised only by nvml.py and the simulator seam)
     │   └── GpuLostError              NVML_ERROR_GPU_IS_LOST on one GPU
-    ├── DiscoveryError                the node cannot be described (e.g. MIG layout unfit for 'single')
-    ├── AllocationError               a kubelet request names unknown or unhealthy IDs, or breaks a rule
+    ├── DiscoveryError                the node cannot be served as configured (e.g. for 'single')
+    ├── AllocationError               a kubelet request names unknown or unhealthy IDs
     ├── RegistrationError             the kubelet refused or could not be reached
     └── PodResourcesError             the kubelet's pod-resources API did not answer List
 

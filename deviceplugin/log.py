@@ -27,7 +27,7 @@ def _format_value(value: Any) -> str:
     if isinstance(value, (list, tuple, set, frozenset)):
         value = ",".join(str(item) for item in value)
     text = str(value)
-    if text == "" or any(ch.isspace() or ch in "\"=" for ch in text):
+    if text == "" or any(ch.isspace() or ch in '"=' for ch in text):
         return json.dumps(text)
     return text
 

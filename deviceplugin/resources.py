@@ -49,13 +49,15 @@ class Plan:
 
 
 def socket_name(resource: str) -> str:
-    """`nvidia.com/gpu` -> `nvidia-gpu.sock`; `nvidia.com/mig-1g.10gb` -> `nvidia-mig-1g.10gb.sock`."""
+    """`nvidia.com/gpu` -> `nvidia-gpu.sock`, `nvidia.com/mig-1g.10gb` -> `nvidia-mig-1g.10gb.sock`.
+
+    The domain's first label is the prefix, as the reference plugin names its sockets."""
     domain, _, name = resource.partition("/")
     return f"{domain.split('.')[0]}-{name}.sock"
 
 
 def mig_resource_name(profile: str) -> str:
-    """The mixed-strategy resource for a MIG profile: `1g.10gb+me` -> `nvidia.com/mig-1g.10gb.me`."""
+    """The mixed-strategy name of a MIG profile: `1g.10gb+me` -> `nvidia.com/mig-1g.10gb.me`."""
     return "nvidia.com/mig-" + profile.replace("+", ".")
 
 
@@ -161,7 +163,9 @@ def _strategy_single(
         if gpu.mig_devices:
             populated.append(gpu)
         else:
-            warnings.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled but no MIG devices; skipped")
+            warnings.append(
+                f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled but no MIG devices; skipped"
+            )
     profiles = {mig.profile for gpu in populated for mig in gpu.mig_devices}
     if len(profiles) > 1:
         detail = "; ".join(
@@ -189,7 +193,9 @@ def _strategy_mixed(
             pairs.append((_rename(config.resources.gpus, gpu.name, GPU_RESOURCE), _gpu_device(gpu)))
             continue
         if not gpu.mig_devices:
-            warnings.append(f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled but no MIG devices; skipped")
+            warnings.append(
+                f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled but no MIG devices; skipped"
+            )
         for mig in gpu.mig_devices:
             default = mig_resource_name(mig.profile)
             name = _rename(config.resources.mig, mig.profile, default)

@@ -23,13 +23,15 @@ def to_proto(response: ContainerResponse) -> api_pb2.ContainerAllocateResponse:
     return api_pb2.ContainerAllocateResponse(
         envs=dict(response.envs),
         mounts=[
-            api_pb2.Mount(container_path=m.container_path, host_path=m.host_path,
-                          read_only=m.read_only)
+            api_pb2.Mount(
+                container_path=m.container_path, host_path=m.host_path, read_only=m.read_only
+            )
             for m in response.mounts
         ],
         devices=[
-            api_pb2.DeviceSpec(container_path=d.container_path, host_path=d.host_path,
-                               permissions=d.permissions)
+            api_pb2.DeviceSpec(
+                container_path=d.container_path, host_path=d.host_path, permissions=d.permissions
+            )
             for d in response.device_specs
         ],
         annotations=dict(response.annotations),
@@ -40,8 +42,9 @@ def to_proto(response: ContainerResponse) -> api_pb2.ContainerAllocateResponse:
 class NodeAllocator:
     """Allocate and GetPreferredAllocation for every resource of this node."""
 
-    def __init__(self, config: Config, inventory: Inventory | None = None,
-                 host: HostDevices | None = None) -> None:
+    def __init__(
+        self, config: Config, inventory: Inventory | None = None, host: HostDevices | None = None
+    ) -> None:
         self._host = host or HostDevices()
         self._inventory = inventory or Inventory(gpus=())
         self._options = AllocateOptions.from_config(config)
@@ -63,7 +66,11 @@ class NodeAllocator:
         return api_pb2.AllocateResponse(container_responses=[to_proto(r) for r in responses])
 
     def preferred(
-        self, resource: ResourceSet, available: Sequence[str], must_include: Sequence[str], size: int
+        self,
+        resource: ResourceSet,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
     ) -> list[str]:
         return preferred_allocation(
             resource, self._inventory, available, must_include, size, self._policy

@@ -14,9 +14,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -40,7 +40,11 @@ class Allocator(Protocol):
     ) -> api_pb2.AllocateResponse: ...
 
     def preferred(
-        self, resource: ResourceSet, available: Sequence[str], must_include: Sequence[str], size: int
+        self,
+        resource: ResourceSet,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
     ) -> list[str]: ...
 
 
@@ -62,9 +66,7 @@ def list_response(resource: ResourceSet) -> api_pb2.ListAndWatchResponse:
         topology = None
         if device.numa_node is not None:
             topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=device.numa_node)])
-        devices.append(
-            api_pb2.Device(ID=device.id, health=device.health.value, topology=topology)
-        )
+        devices.append(api_pb2.Device(ID=device.id, health=device.health.value, topology=topology))
     return api_pb2.ListAndWatchResponse(devices=devices)
 
 
@@ -109,9 +111,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self._closing = False
         with contextlib.suppress(FileNotFoundError):
             self._socket.unlink()
-        server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", 16 * 1024 * 1024)]
-        )
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 * 1024 * 1024)])
         api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
         server.add_insecure_port(f"unix://{self._socket}")
         await server.start()
@@ -142,12 +142,12 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     # --- the DevicePlugin service -------------------------------------------------------------
 
     async def GetDevicePluginOptions(
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.DevicePluginOptions:
         return OPTIONS
 
     async def ListAndWatch(
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         sent = -1
         while not self._closing:
@@ -156,12 +156,14 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                 yield self._message
                 continue
             async with self._changed:
-                await self._changed.wait_for(
-                    lambda: self._closing or sent != self._generation
-                )
+                await self._changed.wait_for(self._news_since(sent))
+
+    def _news_since(self, sent: int) -> Callable[[], bool]:
+        """The wake-up condition of a stream that has sent generation `sent`."""
+        return lambda: self._closing or sent != self._generation
 
     async def Allocate(
-        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.AllocateResponse:
         started = time.perf_counter()
         requests = [list(container.devices_ids) for container in request.container_requests]
@@ -169,7 +171,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             response = self._allocator.allocate(self._resource, requests)
         except AllocationError as exc:
             self._observer.rpc_done(self.name, "Allocate", time.perf_counter() - started, False)
-            log_event(logger, "allocate.refused", logging.WARNING, resource=self.name, error=str(exc))
+            log_event(
+                logger, "allocate.refused", logging.WARNING, resource=self.name, error=str(exc)
+            )
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:
             self._observer.rpc_done(self.name, "Allocate", time.perf_counter() - started, False)
@@ -179,7 +183,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         return response
 
     async def GetPreferredAllocation(
-        self, request: api_pb2.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> api_pb2.PreferredAllocationResponse:
         started = time.perf_counter()
         responses = []
@@ -196,6 +202,6 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     async def PreStartContainer(
-        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.PreStartContainerResponse:
         return api_pb2.PreStartContainerResponse()

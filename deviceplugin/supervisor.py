@@ -100,8 +100,13 @@ class Supervisor:
             self._nvml = None
             if config.flags.fail_on_init_error:
                 raise
-            log_event(logger, "nvml.unavailable", logging.WARNING, error=str(exc),
-                      hint="failOnInitError is false: advertising nothing, watching config")
+            log_event(
+                logger,
+                "nvml.unavailable",
+                logging.WARNING,
+                error=str(exc),
+                hint="failOnInitError is false: advertising nothing, watching config",
+            )
             self._started = True
             return
         self._inventory = discover(self._nvml)
@@ -224,7 +229,9 @@ class Supervisor:
         missing = [n for n, s in self._servers.items() if s.serving and not s.socket_path.exists()]
         if identity != self._kubelet_identity or missing:
             self._kubelet_identity = identity
-            await self.kubelet_restarted(trigger if not missing else f"{trigger}: {missing[0]} gone")
+            await self.kubelet_restarted(
+                trigger if not missing else f"{trigger}: {missing[0]} gone"
+            )
 
     def our_sockets(self) -> set[str]:
         """File names of the sockets our servers listen on."""
@@ -256,8 +263,15 @@ class Supervisor:
             ]
             event = "device.recovered" if change.healthy else "device.unhealthy"
             level = logging.INFO if change.healthy else logging.WARNING
-            log_event(logger, event, level, uuid=change.uuid, xid=change.xid,
-                      reason=change.reason, ids=ids)
+            log_event(
+                logger,
+                event,
+                level,
+                uuid=change.uuid,
+                xid=change.xid,
+                reason=change.reason,
+                ids=ids,
+            )
             await self._reconcile()
 
     # --- internals ------------------------------------------------------------------------------
@@ -282,15 +296,26 @@ class Supervisor:
             self._allocator.configure(parsed.config, self._inventory)
         for warning in parsed.warnings:
             log_event(logger, "config.warning", logging.WARNING, detail=warning)
-        log_event(logger, "config.applied", source=self.settings.config_file or "defaults",
-                  config=parsed.config.model_dump_json(by_alias=True))
+        log_event(
+            logger,
+            "config.applied",
+            source=self.settings.config_file or "defaults",
+            config=parsed.config.model_dump_json(by_alias=True),
+        )
 
     def _reject(self, trigger: str, exc: Exception) -> None:
         self._last_config_error = str(exc)
         self.metrics.config_reloads.labels("rejected").inc()
         path = exc.path if isinstance(exc, ConfigError) else ""
-        log_event(logger, "config.rejected", logging.ERROR, trigger=trigger, field=path,
-                  error=str(exc), keeping="last good config")
+        log_event(
+            logger,
+            "config.rejected",
+            logging.ERROR,
+            trigger=trigger,
+            field=path,
+            error=str(exc),
+            keeping="last good config",
+        )
 
     def _discover(self) -> Inventory | None:
         if self._nvml is None:
@@ -304,9 +329,7 @@ class Supervisor:
         env = self.settings.env
 
         def report(change: HealthChange) -> None:
-            loop.call_soon_threadsafe(
-                lambda: loop.create_task(self.health_changed(change))
-            )
+            loop.call_soon_threadsafe(lambda: loop.create_task(self.health_changed(change)))
 
         self._monitor = HealthMonitor(
             self._nvml,
@@ -322,23 +345,31 @@ class Supervisor:
         """Diff the desired resource sets against the running servers and apply the difference."""
         desired = apply_health(self._planned, self._unhealthy)
         for name in [n for n in self._servers if n not in desired]:
-            server = self._servers.pop(name)
+            removed = self._servers.pop(name)
             task = self._registering.pop(name, None)
             if task is not None:
                 task.cancel()
             self._registered.discard(name)
-            await server.stop(STOP_GRACE_SECONDS)
-            log_event(logger, "plugin.removed", resource=name, socket=server.socket_path.name)
+            await removed.stop(STOP_GRACE_SECONDS)
+            log_event(logger, "plugin.removed", resource=name, socket=removed.socket_path.name)
         for name, resource in desired.items():
-            server = self._servers.get(name)
-            if server is not None:
-                if await server.update(resource):
-                    log_event(logger, "plugin.updated", resource=name,
-                              devices=len(resource.devices),
-                              healthy=sum(d.healthy for d in resource.devices))
+            running = self._servers.get(name)
+            if running is not None:
+                if await running.update(resource):
+                    log_event(
+                        logger,
+                        "plugin.updated",
+                        resource=name,
+                        devices=len(resource.devices),
+                        healthy=sum(d.healthy for d in resource.devices),
+                    )
                 continue
-            server = PluginServer(resource, self.settings.kubelet_dir, self._allocator_or_fail(),
-                                  observer=self.metrics)
+            server = PluginServer(
+                resource,
+                self.settings.kubelet_dir,
+                self._allocator_or_fail(),
+                observer=self.metrics,
+            )
             await server.start()
             self._servers[name] = server
             self._register(server, again=False)
@@ -362,9 +393,13 @@ class Supervisor:
                 self._kubelet_restarting = False
             self.metrics.registrations.labels(name, "again" if again else "first").inc()
             resource = server.resource
-            log_event(logger, "plugin.registered", resource=name, socket=server.socket_path.name,
-                      devices=len(resource.devices),
-                      healthy=sum(d.healthy for d in resource.devices))
+            log_event(
+                logger,
+                "plugin.registered",
+                resource=name,
+                socket=server.socket_path.name,
+                devices=len(resource.devices),
+                healthy=sum(d.healthy for d in resource.devices),
+            )
 
         self._registering[name] = asyncio.get_running_loop().create_task(run())
-

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -25,7 +26,7 @@ from deviceplugin.log import log_event
 
 logger = logging.getLogger(__name__)
 
-Trigger = Callable[[], Awaitable[None]]
+Trigger = Callable[[], Coroutine[Any, Any, Any]]
 
 
 class Debounced:
@@ -73,17 +74,29 @@ class Watchers:
         self._observer = Observer()
         self._started = False
 
-    def watch_config(self, loop: asyncio.AbstractEventLoop, config_file: Path, on_change: Trigger,
-                     delay: float = 0.05) -> None:
+    def watch_config(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        config_file: Path,
+        on_change: Trigger,
+        delay: float = 0.05,
+    ) -> None:
         """Reload on any change in the config file's directory (symlink swaps included)."""
         directory = config_file.parent
         debounced = Debounced(loop, on_change, delay)
-        self._observer.schedule(_Handler(lambda _e: True, debounced.fire_threadsafe), str(directory))
+        self._observer.schedule(
+            _Handler(lambda _e: True, debounced.fire_threadsafe), str(directory)
+        )
         log_event(logger, "watch.config", directory=str(directory))
 
-    def watch_kubelet(self, loop: asyncio.AbstractEventLoop, kubelet_dir: Path,
-                      our_sockets: Callable[[], set[str]], on_change: Trigger,
-                      delay: float = 0.02) -> None:
+    def watch_kubelet(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        kubelet_dir: Path,
+        our_sockets: Callable[[], set[str]],
+        on_change: Trigger,
+        delay: float = 0.02,
+    ) -> None:
         """Check for a kubelet restart when kubelet.sock appears or one of our sockets goes."""
         debounced = Debounced(loop, on_change, delay)
 

@@ -49,8 +49,11 @@ class Plugin:
     def settled(self) -> bool:
         """Ready, and the kubelet has the first list of every resource it registered."""
         names = self.kubelet.resources()
-        return self.supervisor.status().ready and bool(names) and all(
-            self.kubelet.endpoints[name].updates > 0 for name in names)
+        return (
+            self.supervisor.status().ready
+            and bool(names)
+            and all(self.kubelet.endpoints[name].updates > 0 for name in names)
+        )
 
     def event(self, **line: Any) -> None:
         with self.events.open("a") as file:
@@ -84,9 +87,15 @@ async def running_plugin(
     config = write_configmap(root / "cm", config_text)
     events = root / "ev.jsonl"
     events.touch()
-    settings = Settings(command="serve", kubelet_dir=root / "k", simulate=simulate,
-                        simulate_events=str(events), config_file=str(config),
-                        health_recovery_after=recovery, env=dict(env or {}))
+    settings = Settings(
+        command="serve",
+        kubelet_dir=root / "k",
+        simulate=simulate,
+        simulate_events=str(events),
+        config_file=str(config),
+        health_recovery_after=recovery,
+        env=dict(env or {}),
+    )
     supervisor = Supervisor(settings, Metrics())
     task = asyncio.get_running_loop().create_task(run_supervisor(supervisor))
     plugin = Plugin(root, kubelet, supervisor, events, task)

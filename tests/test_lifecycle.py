@@ -24,7 +24,8 @@ DEVICEPLUGIN = str(Path(sys.executable).with_name("deviceplugin"))
 
 def reloads(plugin: Plugin, result: str) -> float:
     value = plugin.supervisor.metrics.registry.get_sample_value(
-        "deviceplugin_config_reloads_total", {"result": result})
+        "deviceplugin_config_reloads_total", {"result": result}
+    )
     return value or 0.0
 
 
@@ -61,12 +62,19 @@ def test_unchanged_content_does_nothing() -> None:
 
 BAD_FILES = [
     pytest.param("version: v1\nflags: [unclosed\n", "", id="bad-yaml"),
-    pytest.param(SEED.format(replicas=2).replace("replicas:", "replica:"),
-                 "sharing.timeSlicing.resources[0]", id="typo-key"),
-    pytest.param(SEED.format(replicas=0), "sharing.timeSlicing.resources[0].replicas",
-                 id="replicas-zero"),
-    pytest.param(SEED.format(replicas=2).replace("nvidia.com/gpu", "Bad Name/gpu"),
-                 "sharing.timeSlicing.resources[0].name", id="bad-resource-name"),
+    pytest.param(
+        SEED.format(replicas=2).replace("replicas:", "replica:"),
+        "sharing.timeSlicing.resources[0]",
+        id="typo-key",
+    ),
+    pytest.param(
+        SEED.format(replicas=0), "sharing.timeSlicing.resources[0].replicas", id="replicas-zero"
+    ),
+    pytest.param(
+        SEED.format(replicas=2).replace("nvidia.com/gpu", "Bad Name/gpu"),
+        "sharing.timeSlicing.resources[0].name",
+        id="bad-resource-name",
+    ),
 ]
 
 
@@ -115,10 +123,15 @@ def test_kubelet_restarts_twenty_times_in_a_row() -> None:
             kubelet = plugin.kubelet
             for n in range(2, 22):
                 await kubelet.restart()
-                await plugin.until(lambda n=n: registrations(kubelet, GPU) == n
-                                   and registrations(kubelet, MIG) == n
-                                   and kubelet.allocatable(GPU) == 8
-                                   and kubelet.allocatable(MIG) == 28, timeout=3)
+                await plugin.until(
+                    lambda n=n: (
+                        registrations(kubelet, GPU) == n
+                        and registrations(kubelet, MIG) == n
+                        and kubelet.allocatable(GPU) == 8
+                        and kubelet.allocatable(MIG) == 28
+                    ),
+                    timeout=3,
+                )
             assert (plugin.kubelet_dir / "nvidia-gpu.sock").exists()
             await plugin.until(lambda: plugin.supervisor.status().ready)
 
@@ -143,8 +156,12 @@ def recut(node_file: Path, profiles_by_gpu: dict[int, list[str]]) -> None:
     for index, profiles in profiles_by_gpu.items():
         gpu = node["gpus"][index]
         gpu["migDevices"] = [
-            {"profile": p, "uuid": f"MIG-{index:08x}-{n:04x}-4000-8000-00000000aaaa",
-             "gpuInstanceId": 1 + n, "computeInstanceId": 0}
+            {
+                "profile": p,
+                "uuid": f"MIG-{index:08x}-{n:04x}-4000-8000-00000000aaaa",
+                "gpuInstanceId": 1 + n,
+                "computeInstanceId": 0,
+            }
             for n, p in enumerate(profiles)
         ]
     node_file.write_text(yaml.safe_dump(node))
@@ -201,8 +218,14 @@ def test_hostile_clients_do_not_disturb_others() -> None:
 
 async def _serve_process(plugin_dir: Path, *extra: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        DEVICEPLUGIN, "serve", "--kubelet-dir", str(plugin_dir), *extra,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+        DEVICEPLUGIN,
+        "serve",
+        "--kubelet-dir",
+        str(plugin_dir),
+        *extra,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 def test_sigterm_exits_zero_and_leaves_no_socket(tmp_path: Path) -> None:

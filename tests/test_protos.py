@@ -4,7 +4,6 @@ the kubelet's API."""
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from pathlib import Path
 
 import pytest
@@ -28,30 +27,43 @@ def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:
     for fresh in written:
         committed = ROOT / fresh.relative_to(tmp_path)
         assert committed.exists(), f"{committed} is not committed; run `make protos`"
-        assert fresh.read_text() == committed.read_text(), f"{committed} is stale; run `make protos`"
+        assert fresh.read_text() == committed.read_text(), (
+            f"{committed} is stale; run `make protos`"
+        )
 
 
 @pytest.mark.parametrize(
     ("message", "fields"),
     [
-        pytest.param("RegisterRequest", {"version": 1, "endpoint": 2, "resource_name": 3,
-                                         "options": 4}, id="register"),
-        pytest.param("DevicePluginOptions", {"pre_start_required": 1,
-                                             "get_preferred_allocation_available": 2}, id="options"),
+        pytest.param(
+            "RegisterRequest",
+            {"version": 1, "endpoint": 2, "resource_name": 3, "options": 4},
+            id="register",
+        ),
+        pytest.param(
+            "DevicePluginOptions",
+            {"pre_start_required": 1, "get_preferred_allocation_available": 2},
+            id="options",
+        ),
         pytest.param("Device", {"ID": 1, "health": 2, "topology": 3}, id="device"),
         pytest.param("NUMANode", {"ID": 1}, id="numa"),
-        pytest.param("ContainerPreferredAllocationRequest",
-                     {"available_deviceIDs": 1, "must_include_deviceIDs": 2,
-                      "allocation_size": 3}, id="preferred-request"),
+        pytest.param(
+            "ContainerPreferredAllocationRequest",
+            {"available_deviceIDs": 1, "must_include_deviceIDs": 2, "allocation_size": 3},
+            id="preferred-request",
+        ),
         pytest.param("ContainerPreferredAllocationResponse", {"deviceIDs": 1}, id="preferred"),
         pytest.param("ContainerAllocateRequest", {"devices_ids": 1}, id="allocate-request"),
-        pytest.param("ContainerAllocateResponse", {"envs": 1, "mounts": 2, "devices": 3,
-                                                   "annotations": 4, "cdi_devices": 5},
-                     id="allocate-response"),
+        pytest.param(
+            "ContainerAllocateResponse",
+            {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5},
+            id="allocate-response",
+        ),
         pytest.param("CDIDevice", {"name": 1}, id="cdi"),
         pytest.param("Mount", {"container_path": 1, "host_path": 2, "read_only": 3}, id="mount"),
-        pytest.param("DeviceSpec", {"container_path": 1, "host_path": 2, "permissions": 3},
-                     id="device-spec"),
+        pytest.param(
+            "DeviceSpec", {"container_path": 1, "host_path": 2, "permissions": 3}, id="device-spec"
+        ),
         pytest.param("PreStartContainerRequest", {"devices_ids": 1}, id="prestart"),
     ],
 )
@@ -65,9 +77,12 @@ def test_services_and_package() -> None:
     services = api_pb2.DESCRIPTOR.services_by_name
     assert set(services["Registration"].methods_by_name) == {"Register"}
     plugin = services["DevicePlugin"].methods_by_name
-    assert set(plugin) == {"GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation",
-                           "Allocate", "PreStartContainer"}
+    assert set(plugin) == {
+        "GetDevicePluginOptions",
+        "ListAndWatch",
+        "GetPreferredAllocation",
+        "Allocate",
+        "PreStartContainer",
+    }
     assert plugin["ListAndWatch"].server_streaming
     assert not any(m.client_streaming for m in plugin.values())
-
-

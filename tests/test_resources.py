@@ -13,14 +13,31 @@ from deviceplugin.resources import apply_health, build_plan, socket_name
 
 
 def mig(gpu: int, n: int, profile: str = "1g.10gb", g: int = 1, c: int = 1) -> MigDevice:
-    return MigDevice(uuid=f"MIG-{gpu}-{n}", index=n, gpu_instance_id=n + 7, compute_instance_id=0,
-                     profile=profile, memory_mib=9728, gpu_slices=g, compute_slices=c)
+    return MigDevice(
+        uuid=f"MIG-{gpu}-{n}",
+        index=n,
+        gpu_instance_id=n + 7,
+        compute_instance_id=0,
+        profile=profile,
+        memory_mib=9728,
+        gpu_slices=g,
+        compute_slices=c,
+    )
 
 
 def gpu(index: int, migs: tuple[MigDevice, ...] | None = None, numa: int | None = 0) -> Gpu:
-    return Gpu(index=index, uuid=f"GPU-{index}", name="NVIDIA A100-SXM4-80GB", memory_mib=81920,
-               minor=index, pci_bus_id=f"00000000:{index:02x}:00.0", numa_node=numa,
-               mig_capable=True, mig_enabled=migs is not None, mig_devices=migs or ())
+    return Gpu(
+        index=index,
+        uuid=f"GPU-{index}",
+        name="NVIDIA A100-SXM4-80GB",
+        memory_mib=81920,
+        minor=index,
+        pci_bus_id=f"00000000:{index:02x}:00.0",
+        numa_node=numa,
+        mig_capable=True,
+        mig_enabled=migs is not None,
+        mig_devices=migs or (),
+    )
 
 
 def node(*gpus: Gpu) -> Inventory:
@@ -31,8 +48,10 @@ def config(**raw: Any) -> Config:
     return Config.model_validate(raw)
 
 
-SEED = {"flags": {"migStrategy": "mixed"},
-        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}
+SEED = {
+    "flags": {"migStrategy": "mixed"},
+    "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}},
+}
 SEVEN = tuple(mig(0, n) for n in range(7))
 
 
@@ -44,28 +63,50 @@ def counts(inventory: Inventory, cfg: Config) -> dict[str, int]:
     ("inventory", "raw", "expected"),
     [
         pytest.param(node(gpu(0), gpu(1)), {}, {"nvidia.com/gpu": 2}, id="none-whole-gpus"),
-        pytest.param(node(gpu(0, SEVEN), gpu(1)), {}, {"nvidia.com/gpu": 2},
-                     id="none-mig-gpu-counts-whole"),
-        pytest.param(node(gpu(0, SEVEN), gpu(1, tuple(mig(1, n) for n in range(7)))),
-                     {"flags": {"migStrategy": "single"}}, {"nvidia.com/gpu": 14},
-                     id="single-all-mig"),
-        pytest.param(node(gpu(0), gpu(1)), {"flags": {"migStrategy": "single"}},
-                     {"nvidia.com/gpu": 2}, id="single-without-mig-is-none"),
-        pytest.param(node(gpu(0, SEVEN), gpu(1, tuple(mig(1, n) for n in range(7))), gpu(2),
-                          gpu(3)), SEED, {"nvidia.com/gpu": 4, "nvidia.com/mig-1g.10gb": 14},
-                     id="seed-mixed-time-sliced"),
-        pytest.param(node(gpu(0, (mig(0, 0, "1g.10gb+me"), mig(0, 1, "3g.40gb", 3, 3))), gpu(1)),
-                     {"flags": {"migStrategy": "mixed"}},
-                     {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb.me": 1,
-                      "nvidia.com/mig-3g.40gb": 1}, id="mixed-me-profile"),
-        pytest.param(node(gpu(0, (mig(0, 0, "1c.3g.40gb", 3, 1),)), gpu(1)),
-                     {"flags": {"migStrategy": "mixed"}}, {"nvidia.com/gpu": 1},
-                     id="mixed-compute-subprofile-skipped"),
-        pytest.param(node(gpu(0, ()), gpu(1)), {"flags": {"migStrategy": "mixed"}},
-                     {"nvidia.com/gpu": 1}, id="mixed-empty-mig-gpu-skipped"),
+        pytest.param(
+            node(gpu(0, SEVEN), gpu(1)), {}, {"nvidia.com/gpu": 2}, id="none-mig-gpu-counts-whole"
+        ),
+        pytest.param(
+            node(gpu(0, SEVEN), gpu(1, tuple(mig(1, n) for n in range(7)))),
+            {"flags": {"migStrategy": "single"}},
+            {"nvidia.com/gpu": 14},
+            id="single-all-mig",
+        ),
+        pytest.param(
+            node(gpu(0), gpu(1)),
+            {"flags": {"migStrategy": "single"}},
+            {"nvidia.com/gpu": 2},
+            id="single-without-mig-is-none",
+        ),
+        pytest.param(
+            node(gpu(0, SEVEN), gpu(1, tuple(mig(1, n) for n in range(7))), gpu(2), gpu(3)),
+            SEED,
+            {"nvidia.com/gpu": 4, "nvidia.com/mig-1g.10gb": 14},
+            id="seed-mixed-time-sliced",
+        ),
+        pytest.param(
+            node(gpu(0, (mig(0, 0, "1g.10gb+me"), mig(0, 1, "3g.40gb", 3, 3))), gpu(1)),
+            {"flags": {"migStrategy": "mixed"}},
+            {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb.me": 1, "nvidia.com/mig-3g.40gb": 1},
+            id="mixed-me-profile",
+        ),
+        pytest.param(
+            node(gpu(0, (mig(0, 0, "1c.3g.40gb", 3, 1),)), gpu(1)),
+            {"flags": {"migStrategy": "mixed"}},
+            {"nvidia.com/gpu": 1},
+            id="mixed-compute-subprofile-skipped",
+        ),
+        pytest.param(
+            node(gpu(0, ()), gpu(1)),
+            {"flags": {"migStrategy": "mixed"}},
+            {"nvidia.com/gpu": 1},
+            id="mixed-empty-mig-gpu-skipped",
+        ),
     ],
 )
-def test_strategy_counts(inventory: Inventory, raw: dict[str, Any], expected: dict[str, int]) -> None:
+def test_strategy_counts(
+    inventory: Inventory, raw: dict[str, Any], expected: dict[str, int]
+) -> None:
     assert counts(inventory, config(**raw)) == expected
 
 
@@ -84,8 +125,11 @@ def test_seed_ids_are_replicas_of_physical_gpus() -> None:
     ("inventory", "fragment"),
     [
         pytest.param(node(gpu(0, SEVEN), gpu(1)), "GPU 1 (GPU-1)", id="single-mixed-mig-modes"),
-        pytest.param(node(gpu(0, SEVEN), gpu(1, (mig(1, 0, "3g.40gb", 3, 3),))), "3g.40gb",
-                     id="single-different-profiles"),
+        pytest.param(
+            node(gpu(0, SEVEN), gpu(1, (mig(1, 0, "3g.40gb", 3, 3),))),
+            "3g.40gb",
+            id="single-different-profiles",
+        ),
     ],
 )
 def test_single_strategy_errors_name_the_gpus(inventory: Inventory, fragment: str) -> None:
@@ -105,8 +149,11 @@ def sharing(*entries: dict[str, Any], **flags: Any) -> dict[str, Any]:
 
 
 def test_rename_by_default_and_fail_requests_flag() -> None:
-    raw = sharing({"name": "nvidia.com/gpu", "replicas": 3}, renameByDefault=True,
-                  failRequestsGreaterThanOne=True)
+    raw = sharing(
+        {"name": "nvidia.com/gpu", "replicas": 3},
+        renameByDefault=True,
+        failRequestsGreaterThanOne=True,
+    )
     plan = build_plan(node(gpu(0), gpu(1)), config(**raw))
     assert list(plan.resources) == ["nvidia.com/gpu.shared"]
     shared = plan.resources["nvidia.com/gpu.shared"]
@@ -114,8 +161,14 @@ def test_rename_by_default_and_fail_requests_flag() -> None:
 
 
 def test_dedicated_and_shared_side_by_side() -> None:
-    raw = sharing({"name": "nvidia.com/gpu", "rename": "nvidia.com/gpu.shared",
-                   "devices": ["1", "GPU-3"], "replicas": 4})
+    raw = sharing(
+        {
+            "name": "nvidia.com/gpu",
+            "rename": "nvidia.com/gpu.shared",
+            "devices": ["1", "GPU-3"],
+            "replicas": 4,
+        }
+    )
     plan = build_plan(node(gpu(0), gpu(1), gpu(2), gpu(3)), config(**raw))
     assert [d.id for d in plan.resources["nvidia.com/gpu"].devices] == ["GPU-0", "GPU-2"]
     shared = plan.resources["nvidia.com/gpu.shared"].devices
@@ -123,8 +176,10 @@ def test_dedicated_and_shared_side_by_side() -> None:
 
 
 def test_time_slicing_a_mig_resource() -> None:
-    raw = {"flags": {"migStrategy": "mixed"},
-           **sharing({"name": "nvidia.com/mig-1g.10gb", "replicas": 2})}
+    raw = {
+        "flags": {"migStrategy": "mixed"},
+        **sharing({"name": "nvidia.com/mig-1g.10gb", "replicas": 2}),
+    }
     plan = build_plan(node(gpu(0, SEVEN[:2]), gpu(1)), config(**raw))
     ids = [d.id for d in plan.resources["nvidia.com/mig-1g.10gb"].devices]
     assert ids == ["MIG-0-0::0", "MIG-0-0::1", "MIG-0-1::0", "MIG-0-1::1"]
@@ -133,11 +188,19 @@ def test_time_slicing_a_mig_resource() -> None:
 @pytest.mark.parametrize(
     ("raw", "path"),
     [
-        pytest.param(sharing({"name": "nvidia.com/gpu", "devices": ["0"], "replicas": 2}),
-                     "sharing.timeSlicing.resources[0].devices", id="subset-without-rename"),
-        pytest.param(sharing({"name": "nvidia.com/gpu", "rename": "nvidia.com/mig-1g.10gb",
-                              "replicas": 2}, ) | {"flags": {"migStrategy": "mixed"}},
-                     "sharing.timeSlicing.resources[0].rename", id="rename-onto-existing"),
+        pytest.param(
+            sharing({"name": "nvidia.com/gpu", "devices": ["0"], "replicas": 2}),
+            "sharing.timeSlicing.resources[0].devices",
+            id="subset-without-rename",
+        ),
+        pytest.param(
+            sharing(
+                {"name": "nvidia.com/gpu", "rename": "nvidia.com/mig-1g.10gb", "replicas": 2},
+            )
+            | {"flags": {"migStrategy": "mixed"}},
+            "sharing.timeSlicing.resources[0].rename",
+            id="rename-onto-existing",
+        ),
     ],
 )
 def test_sharing_that_contradicts_the_node(raw: dict[str, Any], path: str) -> None:
@@ -154,13 +217,16 @@ def test_sharing_an_absent_resource_warns() -> None:
 
 
 def test_health_fans_out_from_gpu_and_stays_on_one_mig() -> None:
-    raw = {"flags": {"migStrategy": "mixed"},
-           **sharing({"name": "nvidia.com/gpu", "replicas": 2})}
+    raw = {"flags": {"migStrategy": "mixed"}, **sharing({"name": "nvidia.com/gpu", "replicas": 2})}
     plan = build_plan(node(gpu(0, SEVEN[:3]), gpu(1), gpu(2)), config(**raw)).resources
     marked = apply_health(plan, {"GPU-1": "xid-79", "MIG-0-1": "xid-94", "GPU-0": "gpu-lost"})
     gpus = {d.id: (d.health, d.reason) for d in marked["nvidia.com/gpu"].devices}
-    assert gpus == {"GPU-1::0": (Health.UNHEALTHY, "xid-79"), "GPU-1::1": (Health.UNHEALTHY, "xid-79"),
-                    "GPU-2::0": (Health.HEALTHY, ""), "GPU-2::1": (Health.HEALTHY, "")}
+    assert gpus == {
+        "GPU-1::0": (Health.UNHEALTHY, "xid-79"),
+        "GPU-1::1": (Health.UNHEALTHY, "xid-79"),
+        "GPU-2::0": (Health.HEALTHY, ""),
+        "GPU-2::1": (Health.HEALTHY, ""),
+    }
     migs = {d.id: d.reason for d in marked["nvidia.com/mig-1g.10gb"].devices}
     assert migs == {"MIG-0-0": "gpu-lost", "MIG-0-1": "xid-94", "MIG-0-2": "gpu-lost"}
     only_mig = apply_health(plan, {"MIG-0-1": "xid-94"})["nvidia.com/mig-1g.10gb"].devices

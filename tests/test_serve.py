@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from harness import GPU, MIG, SEED, running_plugin, run
+from harness import GPU, MIG, SEED, run, running_plugin
 
 from deviceplugin.sim.kubelet import KubeletEmulator
 
@@ -19,7 +19,9 @@ def test_seed_config_registers_replicas_and_mig_devices() -> None:
             assert kubelet.allocatable(MIG) == 28
             assert all("::" in device_id for device_id in kubelet.devices(GPU))
             assert {kubelet.endpoints[GPU].endpoint, kubelet.endpoints[MIG].endpoint} == {
-                "nvidia-gpu.sock", "nvidia-mig-1g.10gb.sock"}
+                "nvidia-gpu.sock",
+                "nvidia-mig-1g.10gb.sock",
+            }
             assert all(r.ok and r.version == "v1beta1" for r in kubelet.registrations)
             numa = {d.numa_nodes for d in kubelet.devices(GPU).values()}
             assert numa == {(1,)}, "the whole GPUs of the preset sit on NUMA node 1"
@@ -39,7 +41,9 @@ def test_seed_config_registers_replicas_and_mig_devices() -> None:
 def test_presets_with_default_config(preset: str, expected: dict[str, int]) -> None:
     async def body() -> None:
         async with running_plugin(simulate=preset, config_text="version: v1\n") as plugin:
-            assert {r: plugin.kubelet.allocatable(r) for r in plugin.kubelet.resources()} == expected
+            assert {
+                r: plugin.kubelet.allocatable(r) for r in plugin.kubelet.resources()
+            } == expected
 
     run(body())
 
@@ -142,8 +146,9 @@ def test_plugin_waits_for_a_kubelet_that_is_not_up_yet() -> None:
             assert not plugin.supervisor.status().ready
             kubelet: KubeletEmulator = plugin.kubelet
             await kubelet.start()
-            await plugin.until(lambda: kubelet.allocatable(MIG) == 28 and
-                               kubelet.allocatable(GPU) == 8, timeout=3)
+            await plugin.until(
+                lambda: kubelet.allocatable(MIG) == 28 and kubelet.allocatable(GPU) == 8, timeout=3
+            )
             await plugin.until(lambda: plugin.supervisor.status().ready)
 
     run(body())

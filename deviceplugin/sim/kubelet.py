@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -125,7 +126,7 @@ class KubeletEmulator(api_pb2_grpc.RegistrationServicer):
     # --- Registration service -----------------------------------------------------------------
 
     async def Register(
-        self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+        self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> api_pb2.Empty:
         error = self._validate(request)
         if not error:
@@ -159,14 +160,14 @@ class KubeletEmulator(api_pb2_grpc.RegistrationServicer):
         channel = grpc.aio.insecure_channel(f"unix://{self.directory / request.endpoint}")
         try:
             await asyncio.wait_for(channel.channel_ready(), timeout=10)
-        except asyncio.TimeoutError:
-            await channel.close()
+        except TimeoutError:
+            await channel.close(None)
             return "failed to dial device plugin: context deadline exceeded"
         stub = api_pb2_grpc.DevicePluginStub(channel)
         try:
             options = await stub.GetDevicePluginOptions(api_pb2.Empty())
         except grpc.aio.AioRpcError as exc:
-            await channel.close()
+            await channel.close(None)
             return f"failed to get device plugin options: {exc.details()}"
         previous = self.endpoints.get(request.resource_name)
         endpoint = Endpoint(
@@ -211,7 +212,7 @@ class KubeletEmulator(api_pb2_grpc.RegistrationServicer):
             with contextlib.suppress(asyncio.CancelledError):
                 await endpoint.stream
         if endpoint.channel is not None:
-            await endpoint.channel.close()
+            await endpoint.channel.close(None)
             endpoint.channel = None
 
     async def _notify(self) -> None:
@@ -238,7 +239,7 @@ class KubeletEmulator(api_pb2_grpc.RegistrationServicer):
         async with self._changed:
             try:
                 await asyncio.wait_for(self._changed.wait_for(predicate), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return predicate()
         return True
 
@@ -253,7 +254,8 @@ class KubeletEmulator(api_pb2_grpc.RegistrationServicer):
     ) -> api_pb2.AllocateResponse:
         request = api_pb2.AllocateRequest(
             container_requests=[
-                api_pb2.ContainerAllocateRequest(devices_ids=list(ids)) for ids in container_requests
+                api_pb2.ContainerAllocateRequest(devices_ids=list(ids))
+                for ids in container_requests
             ]
         )
         response: api_pb2.AllocateResponse = await self._stub(resource).Allocate(request)
