@@ -33,14 +33,16 @@ LABEL org.opencontainers.image.title="deviceplugin" \
 COPY --from=builder /opt/deviceplugin /opt/deviceplugin
 # NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES ask the NVIDIA container runtime for every
 # GPU, its device nodes and libnvidia-ml: the plugin needs NVML, not privileged mode.
-# NVIDIA_MIG_MONITOR_DEVICES is deliberately absent: the runtime refuses to start a container that
-# sets it without CAP_SYS_ADMIN, and the default DaemonSet holds no capabilities. The MIG variant
-# (manifests/variants/daemonset-mig.yaml) sets it together with that capability.
+# NVIDIA_MIG_MONITOR_DEVICES=all lets NVML in this container see MIG devices and their events.
+# The runtime honours it only with CAP_SYS_ADMIN and refuses to start a container that sets it
+# without: the default DaemonSet, which holds no capabilities, overrides it with an empty value
+# (the runtime treats empty as unset); the MIG variant keeps it and adds that one capability.
 ENV PATH=/opt/deviceplugin/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     NVIDIA_VISIBLE_DEVICES=all \
-    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    NVIDIA_MIG_MONITOR_DEVICES=all
 # Root on purpose: the plugin creates its sockets in the host's /var/lib/kubelet/device-plugins,
 # a root-owned 0750 directory, and connects to the kubelet's root-owned socket there. UID 0 is
 # all it needs; the manifests drop every capability and forbid privilege escalation.

@@ -139,7 +139,7 @@ def test_base_env_values() -> None:
     assert values["DP_LOG_FORMAT"] == "json"
     assert "DP_HTTP_ADDRESS" in values
     assert "PASS_DEVICE_SPECS" not in values
-    assert "NVIDIA_MIG_MONITOR_DEVICES" not in values
+    assert values["NVIDIA_MIG_MONITOR_DEVICES"] == "", "the image's MIG monitoring is switched off"
 
 
 # --- config ---------------------------------------------------------------------------------
@@ -307,7 +307,8 @@ def test_mig_variant_is_the_base_plus_mig_monitoring() -> None:
     assert variant["metadata"] == BASE_DS["metadata"]
     expected = copy.deepcopy(BASE_DS)
     container(expected)["securityContext"]["capabilities"]["add"] = ["SYS_ADMIN"]
-    assert _without_env(variant, {"NVIDIA_MIG_MONITOR_DEVICES"}) == expected
+    monitor = {"NVIDIA_MIG_MONITOR_DEVICES"}
+    assert _without_env(variant, monitor) == _without_env(expected, monitor)
 
 
 def test_every_variant_is_checked() -> None:
@@ -332,10 +333,8 @@ def test_dockerfile_runtime_env() -> None:
     values = dockerfile_final_env()
     assert values["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert values["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    assert values["NVIDIA_MIG_MONITOR_DEVICES"] == "all"
     assert values["PYTHONUNBUFFERED"] == "1"
-    # Set per DaemonSet (with SYS_ADMIN) instead: in the image it would keep the
-    # capability-less default DaemonSet from starting under the NVIDIA runtime.
-    assert "NVIDIA_MIG_MONITOR_DEVICES" not in values
 
 
 def test_dockerfile_installs_without_pip_cache() -> None:
