@@ -14,22 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.cli import Settings
-from deviceplugin.demo import write_configmap
+from deviceplugin.demo import SEED_CONFIG, write_configmap
 from deviceplugin.metrics import Metrics
 from deviceplugin.service import run_supervisor
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.supervisor import Supervisor
 
-SEED = """\
-version: v1
-flags:
-  migStrategy: mixed
-sharing:
-  timeSlicing:
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {replicas}
-"""
+SEED = SEED_CONFIG
 GPU = "nvidia.com/gpu"
 MIG = "nvidia.com/mig-1g.10gb"
 
