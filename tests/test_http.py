@@ -110,6 +110,11 @@ class Plugin:
             await asyncio.sleep(0.05)
         return body
 
+    async def advertised(self) -> None:
+        """Wait until the kubelet has every device of the preset from ListAndWatch."""
+        kubelet = self.kubelet
+        await until(lambda: kubelet.allocatable(GPU) == 8 and kubelet.allocatable(MIG) == 28)
+
     async def readyz(self) -> tuple[int, str]:
         status, _, body = await get(self.port, "/readyz")
         return status, body.decode()
@@ -163,7 +168,7 @@ def test_counters_move_with_allocate_health_and_reload(caplog: pytest.LogCapture
     async def scenario() -> None:
         async with running_plugin() as plugin:
             kubelet = plugin.kubelet
-            await until(lambda: set(kubelet.resources()) == {GPU, MIG})
+            await plugin.advertised()
             before = await plugin.metrics()
             assert sample(before, "deviceplugin_devices", resource=MIG, health="Healthy") == 28
             assert sample(before, "deviceplugin_devices", resource=GPU, health="Healthy") == 8
@@ -205,7 +210,7 @@ def test_counters_move_with_allocate_health_and_reload(caplog: pytest.LogCapture
             replace_config(plugin.config, CONFIG.format(replicas=1))  # replicas < 2: invalid
             await until(lambda: plugin.supervisor.status().last_config_error is not None)
             rejected = await plugin.metrics()
-            assert sample(rejected, applied, result="rejected") == 1
+            assert sample(rejected, applied, result="rejected") >= 1  # each file event re-rejects
             assert sample(rejected, "deviceplugin_devices", resource=GPU) == 16
             status = json.loads((await get(plugin.port, "/status"))[2])
             assert "replicas" in status["config"]["last_error"]
@@ -254,7 +259,7 @@ def test_pod_gauge_follows_the_kubelet_assignments(monkeypatch: pytest.MonkeyPat
     async def scenario() -> None:
         async with running_plugin() as plugin:
             kubelet = plugin.kubelet
-            await until(lambda: set(kubelet.resources()) == {GPU, MIG})
+            await plugin.advertised()
             replica = sorted(kubelet.devices(GPU))[0]
             mig = sorted(kubelet.devices(MIG))[0]
             plugin.pods.assign("ml", "trainer-0", "main", GPU, [replica])

@@ -208,7 +208,7 @@ def test_from_a_live_plugin(root: Path, capsys: pytest.CaptureFixture[str]) -> N
         task = asyncio.get_running_loop().create_task(run_supervisor(supervisor, http))
         try:
             deadline = time.monotonic() + 5
-            while not (http.port and supervisor.status().ready):
+            while not (supervisor.status().ready and kubelet.allocatable(GPU) == 8):
                 assert not task.done() and time.monotonic() < deadline
                 await asyncio.sleep(0.02)
             device, sick = sorted(kubelet.devices(GPU))[3:5]
