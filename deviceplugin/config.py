@@ -298,6 +298,19 @@ def load_config(
     `cli` maps the keys of ENV_OVERRIDES to a flag's value, None when the flag was not given
     (other keys are ignored); an empty environment variable counts as unset."""
     document = {} if path is None else read_file(path)
+    return _with_overrides(document, cli, env)
+
+
+def load_config_text(
+    text: str, source: str | None, cli: Mapping[str, str | None], env: Mapping[str, str]
+) -> ParsedConfig:
+    """`load_config` on text already read (so a caller can compare it before parsing)."""
+    return _with_overrides(read_document(text, source or "<config>"), cli, env)
+
+
+def _with_overrides(
+    document: dict[str, object], cli: Mapping[str, str | None], env: Mapping[str, str]
+) -> ParsedConfig:
     parsed = _build(document, ())  # the file must be valid on its own, whatever overrides it
     overrides = given_overrides(cli, env)
     return _build(document, overrides) if overrides else parsed

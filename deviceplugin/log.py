@@ -24,6 +24,8 @@ def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **f
 
 
 def _format_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return json.dumps(value, separators=(",", ":"))
     if isinstance(value, (list, tuple, set, frozenset)):
         value = ",".join(str(item) for item in value)
     text = str(value)

@@ -189,16 +189,24 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.PreferredAllocationResponse:
         started = time.perf_counter()
         responses = []
+        ok = True
         for container in request.container_requests:
-            chosen = self._allocator.preferred(
-                self._resource,
-                list(container.available_deviceIDs),
-                list(container.must_include_deviceIDs),
-                container.allocation_size,
-            )
+            try:
+                chosen = self._allocator.preferred(
+                    self._resource,
+                    list(container.available_deviceIDs),
+                    list(container.must_include_deviceIDs),
+                    container.allocation_size,
+                )
+            except Exception:
+                # The preference is advisory: an empty answer lets the kubelet choose, while an
+                # error here would fail the pod's admission.
+                ok = False
+                chosen = []
+                logger.exception("preferred.failed", extra={"dp_fields": {"resource": self.name}})
             responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         elapsed = time.perf_counter() - started
-        self._observer.rpc_done(self.name, "GetPreferredAllocation", elapsed, True)
+        self._observer.rpc_done(self.name, "GetPreferredAllocation", elapsed, ok)
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
     async def PreStartContainer(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from deviceplugin.allocation import AllocateOptions
 from deviceplugin.cli import Settings
-from deviceplugin.config import Config, ParsedConfig, load_config
+from deviceplugin.config import Config, ParsedConfig, load_config_text
 from deviceplugin.devices import Inventory
 from deviceplugin.discovery import discover
 from deviceplugin.errors import ConfigError, DevicePluginError, DiscoveryError, NvmlError
@@ -68,6 +68,7 @@ class Supervisor:
         self.metrics = metrics or Metrics()
         self._parsed: ParsedConfig | None = None
         self._config_text: str | None = None
+        self._rejected_text: str | None = None  # refused content, judged again only once changed
         self._nvml: Nvml | None = None
         self._inventory: Inventory | None = None
         self._planned: dict[str, ResourceSet] = {}
@@ -164,15 +165,22 @@ class Supervisor:
         """Re-read the config and rediscover; apply only a valid result. True when applied."""
         async with self._lock:
             try:
-                parsed, text = self._read_config()
-                if not force and text == self._config_text:
-                    self.metrics.config_reloads.labels("unchanged").inc()
-                    return False
+                text = self._read_text()
+            except ConfigError as exc:
+                text = f"unreadable: {exc}"  # judged once, like any other refused content
+                if force or text != self._rejected_text:
+                    self._reject(trigger, exc, text)
+                return False
+            if not force and text in (self._config_text, self._rejected_text):
+                self.metrics.config_reloads.labels("unchanged").inc()
+                return False
+            try:
+                parsed = self._parse(text)
                 AllocateOptions.from_config(parsed.config)  # refuse unusable options up front
                 inventory = self._discover()
                 plan = build_plan(inventory, parsed.config) if inventory else None
             except (ConfigError, DiscoveryError, NvmlError) as exc:
-                self._reject(trigger, exc)
+                self._reject(trigger, exc, text)
                 return False
             if inventory is not None and plan is not None:
                 self._inventory = inventory
@@ -277,18 +285,27 @@ class Supervisor:
     # --- internals ------------------------------------------------------------------------------
 
     def _read_config(self) -> tuple[ParsedConfig, str]:
+        text = self._read_text()
+        return self._parse(text), text
+
+    def _read_text(self) -> str:
+        """The config file's content; "" without a config file."""
         path = self.settings.config_file
-        text = ""
-        if path:
-            try:
-                text = Path(path).read_text()
-            except OSError as exc:
-                raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from None
-        parsed = load_config(path, self.settings.overrides, self.settings.env)
-        return parsed, text
+        if not path:
+            return ""
+        try:
+            return Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from None
+
+    def _parse(self, text: str) -> ParsedConfig:
+        """The file's content with flag and environment overrides applied."""
+        return load_config_text(
+            text, self.settings.config_file, self.settings.overrides, self.settings.env
+        )
 
     def _adopt_config(self, parsed: ParsedConfig, text: str) -> None:
-        self._parsed, self._config_text = parsed, text
+        self._parsed, self._config_text, self._rejected_text = parsed, text, None
         self._last_config_error = None
         if self._allocator is None:
             self._allocator = NodeAllocator(parsed.config, self._inventory)
@@ -300,10 +317,11 @@ class Supervisor:
             logger,
             "config.applied",
             source=self.settings.config_file or "defaults",
-            config=parsed.config.model_dump_json(by_alias=True),
+            config=parsed.config.model_dump(mode="json", by_alias=True),
         )
 
-    def _reject(self, trigger: str, exc: Exception) -> None:
+    def _reject(self, trigger: str, exc: Exception, text: str) -> None:
+        self._rejected_text = text
         self._last_config_error = str(exc)
         self.metrics.config_reloads.labels("rejected").inc()
         path = exc.path if isinstance(exc, ConfigError) else ""
