@@ -81,7 +81,7 @@ async def list_pod_devices(
         return None
     try:
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
-            stub = api_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+            stub = api_pb2_grpc.PodResourcesListerStub(channel)
             response = await stub.List(api_pb2.ListPodResourcesRequest(), timeout=timeout)
     except grpc.aio.AioRpcError as exc:
         raise PodResourcesError(

@@ -40,7 +40,7 @@ class PodResourcesEmulator(api_pb2_grpc.PodResourcesListerServicer):
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
         server = grpc.aio.server()
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)
         server.add_insecure_port(f"unix://{self.socket}")
         await server.start()
         self._server = server
