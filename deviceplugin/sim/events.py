@@ -24,9 +24,16 @@ read; a line is read once it ends with a newline. A malformed line is logged as
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import json
 import logging
 import os
+import select
+import threading
+import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,3 +157,70 @@ class EventFile:
                     logger, "sim.event.malformed", logging.WARNING, line=text, reason=str(err)
                 )
         return events
+
+
+
+class EventFileWatch:
+    """Lets a simulated event wait sleep until the events file's directory is written, as
+    NVML's wait sleeps in the driver, instead of waking every few milliseconds to look.
+
+    Linux inotify through libc, and no thread: the wait blocks on the inotify descriptor, which
+    `stop` closes (call it once no wait is running), or the garbage collector with the watch.
+    Where inotify is unavailable (no libc symbol, no instance left), `wait` polls every POLL_S.
+    """
+
+    POLL_S = 0.005
+    _MASK = 0x2 | 0x80 | 0x100  # IN_MODIFY | IN_MOVED_TO | IN_CREATE
+
+    def __init__(self, path: Path) -> None:
+        self._directory = path.absolute().parent
+        self._guard = threading.Lock()
+        self._fd: int | None = None
+        self._closer: weakref.finalize[[int], EventFileWatch] | None = None
+
+    def start(self) -> None:
+        """Watch the directory (idempotent); a failure means polling, not an error."""
+        with self._guard:
+            if self._fd is not None:
+                return
+            try:
+                fd = _inotify(self._directory, self._MASK)
+            except OSError as err:
+                log_event(logger, "sim.event.unwatched", logging.WARNING,
+                          path=str(self._directory), error=str(err),
+                          fallback=f"polling every {self.POLL_S * 1000:.0f} ms")
+                return
+            self._fd, self._closer = fd, weakref.finalize(self, os.close, fd)
+
+    def wait(self, timeout: float) -> None:
+        """Return after a write in the directory since the last wait, or after `timeout`."""
+        fd = self._fd
+        if fd is None:
+            time.sleep(min(self.POLL_S, timeout))
+            return
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(fd, 65536)
+
+    def stop(self) -> None:
+        with self._guard:
+            closer, self._closer, self._fd = self._closer, None, None
+        if closer is not None:
+            closer()
+
+
+def _inotify(directory: Path, mask: int) -> int:
+    """A non-blocking inotify descriptor watching `directory`; OSError when there is none."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "inotify_init1"):
+        raise OSError(errno.ENOSYS, "no inotify on this system")
+    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    if libc.inotify_add_watch(fd, os.fsencode(directory), mask) < 0:
+        code = ctypes.get_errno()
+        os.close(fd)
+        raise OSError(code, os.strerror(code))
+    return int(fd)

@@ -7,7 +7,7 @@ apart. A MIG device's events arrive on its parent GPU with its GI/CI ids, as on 
 Live changes (see `world.py`): the node file is re-read when it changes (checked on nvmlInit
 and nvmlDeviceGetCount, or on `reload()`), so a test can re-cut MIG under a running plugin;
 the events file is read on every call, so a GPU marked lost fails from the next call on, and
-`nvmlEventSetWait_v2` polls it every few milliseconds while it blocks.
+`nvmlEventSetWait_v2` sleeps until the file is written (see `events.EventFileWatch`).
 
 Not part of NVML: `numa_node(pci_bus_id)`, the node file's `numaNode` (a simulator cannot lay
 out sysfs), and `reload()`.
@@ -25,7 +25,6 @@ from deviceplugin.sim.profiles import CI_ENUM, GiProfile, model_profiles
 from deviceplugin.sim.world import SimEventSet, World
 
 _MIB = 1 << 20
-_POLL_S = 0.005
 _MAX_MIG_DEVICES = 7
 
 
@@ -108,6 +107,9 @@ class FakeNvml:
             if self._init_count == 0:
                 raise s.NVMLError_Uninitialized()
             self._init_count -= 1
+            idle = self._init_count == 0
+        if idle:
+            self._world.stop_watching()
 
     def nvmlSystemGetDriverVersion(self) -> str:
         with self._lock:
@@ -425,8 +427,9 @@ class FakeNvml:
             event_set.masks[gpu.uuid] = event_set.masks.get(gpu.uuid, 0) | event_types
 
     def nvmlEventSetWait_v2(self, event_set: Any, timeoutms: int) -> s.EventData:
-        """Blocks up to `timeoutms`, polling the events file every few milliseconds."""
+        """Blocks up to `timeoutms`, woken when a line is appended to the events file."""
         deadline = time.monotonic() + timeoutms / 1000
+        self._world.watch_events()
         while True:
             with self._lock:
                 self._enter()
@@ -440,7 +443,7 @@ class FakeNvml:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise s.NVMLError_Timeout()
-            time.sleep(min(_POLL_S, remaining))
+            self._world.wait_for_lines(remaining)
 
     def nvmlEventSetWait(self, event_set: Any, timeoutms: int) -> s.EventData:
         return self.nvmlEventSetWait_v2(event_set, timeoutms)
@@ -452,6 +455,9 @@ class FakeNvml:
                 raise s.NVMLError_InvalidArgument()
             event_set.freed = True
             self._world.event_sets.remove(event_set)
+            idle = not self._world.event_sets
+        if idle:
+            self._world.stop_watching()
 
     # --- health probes ------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from pathlib import Path
 from deviceplugin.errors import ConfigError
 from deviceplugin.log import log_event
 from deviceplugin.sim import structs as s
-from deviceplugin.sim.events import EventFile, SimEvent
+from deviceplugin.sim.events import EventFile, EventFileWatch, SimEvent
 from deviceplugin.sim.node import Node, SimGpu, SimMig, read_node, resolve_node_path
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class World:
         self._stamp = self._file_stamp()
         self.node = self._read()
         self._events = EventFile(Path(events_path)) if events_path else None
+        self._watch = EventFileWatch(Path(events_path)) if events_path else None
         self._states: dict[str, GpuState] = {}
         self.event_sets: list[SimEventSet] = []
 
@@ -135,6 +137,23 @@ class World:
         with self.lock:
             for event in self._events.read():
                 self._apply(event)
+
+    def watch_events(self) -> None:
+        """Start noticing writes to the events file (idempotent); call before `pump`, so no
+        line can slip between a pump and the wait that follows it."""
+        if self._watch is not None:
+            self._watch.start()
+
+    def wait_for_lines(self, timeout: float) -> None:
+        """Sleep until the events file may have been written since the last wait, or `timeout`."""
+        if self._watch is None:
+            time.sleep(timeout)  # no events file: nothing can arrive
+        else:
+            self._watch.wait(timeout)
+
+    def stop_watching(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
 
     def _apply(self, event: SimEvent) -> None:
         if event.wait_error is not None:
