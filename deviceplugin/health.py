@@ -333,6 +333,12 @@ class HealthMonitor:
                       action=decision.action)
             self._count(str(event.xid), "ignored")
             return
+        if self._nvml.probe(event.gpu_uuid).lost:
+            # Xid 79 and friends: the GPU fell off the bus, which says more than the Xid.
+            log_event(logger, "health.event", **fields, decision="unhealthy", action="GPU_LOST")
+            self._gpu_lost(event.gpu_uuid, time.monotonic())
+            self._count(str(event.xid), "unhealthy")
+            return
         targets = self._route(event)
         log_event(logger, "health.event", **fields, decision="unhealthy",
                   action=decision.action, targets=targets)

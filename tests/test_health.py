@@ -446,8 +446,14 @@ def test_recovery_off_keeps_devices_out(start: Start) -> None:
     world.xid(GPU1, 48)
     world.reports.wait_for(1)
     time.sleep(0.2)
-    assert world.nvml.probes == []
+    assert world.nvml.probes == [GPU1], "only the is-it-lost check at the event, no recovery probe"
     assert len(world.reports.changes) == 1
+
+
+def test_a_gpu_that_fell_off_the_bus_is_reported_lost_not_by_its_xid(start: Start) -> None:
+    world = start(recovery_after=None)
+    world.append({"uuid": GPU1, "lost": True})  # the simulator raises Xid 79 with it
+    assert world.reports.wait_for(1) == [HealthChange(GPU1, False, "gpu-lost")]
 
 
 def test_lost_gpu_is_found_by_probing_and_comes_back(start: Start) -> None:
