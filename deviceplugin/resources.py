@@ -158,14 +158,14 @@ def _strategy_single(
             f"migStrategy 'single' needs MIG enabled on every GPU or on none; "
             f"MIG is disabled on {names}; use migStrategy 'mixed'"
         )
-    populated = []
-    for gpu in enabled:
-        if gpu.mig_devices:
-            populated.append(gpu)
-        else:
-            warnings.append(
-                f"GPU {gpu.index} ({gpu.uuid}) has MIG enabled but no MIG devices; skipped"
-            )
+    empty = [gpu for gpu in enabled if not gpu.mig_devices]
+    if empty:
+        names = ", ".join(f"GPU {gpu.index} ({gpu.uuid})" for gpu in empty)
+        raise DiscoveryError(
+            f"migStrategy 'single' needs the same MIG layout on every GPU; {names} has MIG "
+            "enabled but no MIG devices; create its instances or use migStrategy 'mixed'"
+        )
+    populated = enabled
     profiles = {mig.profile for gpu in populated for mig in gpu.mig_devices}
     if len(profiles) > 1:
         detail = "; ".join(
@@ -224,6 +224,7 @@ def _apply_time_slicing(
     replicas_of: dict[str, int] = {}
     dedicated = {name: list(devices) for name, devices in base.items()}
     seen: set[str] = set()
+    origins: dict[str, str] = {}  # shared resource name -> the config field that named it
     for position, entry in enumerate(slicing.resources if slicing else ()):
         path = f"sharing.timeSlicing.resources[{position}]"
         if entry.name in seen:
@@ -242,6 +243,7 @@ def _apply_time_slicing(
             )
         if target in shared or (target in base and target != entry.name):
             raise ConfigError(f"{path}.rename", f"{target} is already a resource on this node")
+        origins[target] = f"{path}.rename" if entry.rename else f"{path}.name"
         dedicated[entry.name] = kept
         shared[target] = [
             replace(device, id=replica_id(device.physical_uuid, n), replica=n)
@@ -261,7 +263,22 @@ def _apply_time_slicing(
             replicas=replicas_of[name],
             fail_requests_greater_than_one=fail_gt_one,
         )
+    _check_sockets(result, origins)
     return dict(sorted(result.items()))
+
+
+def _check_sockets(resources: Mapping[str, ResourceSet], origins: Mapping[str, str]) -> None:
+    """Two resources on one socket would silently replace each other at the kubelet."""
+    owner: dict[str, str] = {}
+    for name in sorted(resources, key=lambda n: (n in origins, n)):
+        socket = socket_name(name)
+        if socket in owner:
+            raise ConfigError(
+                origins.get(name, "resources"),
+                f"{name} and {owner[socket]} would both be served on {socket}; "
+                "choose names that differ after the domain's first label",
+            )
+        owner[socket] = name
 
 
 def _shared_name(entry: ReplicatedResource, rename_by_default: bool) -> str:

@@ -138,10 +138,9 @@ def test_single_strategy_errors_name_the_gpus(inventory: Inventory, fragment: st
     assert fragment in str(caught.value)
 
 
-def test_single_skips_empty_mig_gpu_with_warning() -> None:
-    plan = build_plan(node(gpu(0, SEVEN), gpu(1, ())), config(flags={"migStrategy": "single"}))
-    assert len(plan.resources["nvidia.com/gpu"].devices) == 7
-    assert any("GPU 1" in w and "no MIG devices" in w for w in plan.warnings)
+def test_single_refuses_a_mig_gpu_without_instances() -> None:
+    with pytest.raises(DiscoveryError, match=r"GPU 1 \(GPU-1\) has MIG enabled but no MIG devices"):
+        build_plan(node(gpu(0, SEVEN), gpu(1, ())), config(flags={"migStrategy": "single"}))
 
 
 def sharing(*entries: dict[str, Any], **flags: Any) -> dict[str, Any]:
@@ -244,3 +243,12 @@ def test_health_fans_out_from_gpu_and_stays_on_one_mig() -> None:
 )
 def test_socket_names(resource: str, socket: str) -> None:
     assert socket_name(resource) == socket
+
+
+def test_two_resources_on_one_socket_are_refused() -> None:
+    raw = sharing(
+        {"name": "nvidia.com/gpu", "rename": "nvidia.io/gpu", "devices": ["0"], "replicas": 2}
+    )
+    with pytest.raises(ConfigError, match=r"nvidia-gpu\.sock") as caught:
+        build_plan(node(gpu(0), gpu(1)), config(**raw))
+    assert caught.value.path == "sharing.timeSlicing.resources[0].rename"
