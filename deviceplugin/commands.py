@@ -14,9 +14,12 @@ def validate_config(settings: Settings) -> int:
     """Exit 0 with a one-line summary when FILE is valid; 2 naming the offending field if not."""
     path = settings.path or ""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError:
+        print(f"{path}: cannot read: not UTF-8 text", file=sys.stderr)
         return 2
     try:
         parsed = parse_config(text, source=path)

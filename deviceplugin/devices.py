@@ -90,14 +90,6 @@ class Inventory:
                 return gpu
         return None
 
-    def parent_of(self, mig_uuid: str) -> tuple[Gpu, MigDevice] | None:
-        """The parent GPU and MIG device for a MIG UUID, or None."""
-        for gpu in self.gpus:
-            for mig in gpu.mig_devices:
-                if mig.uuid == mig_uuid:
-                    return gpu, mig
-        return None
-
 
 @dataclass(frozen=True)
 class Device:

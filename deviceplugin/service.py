@@ -13,6 +13,7 @@ import logging
 import signal
 from pathlib import Path
 
+from deviceplugin.background import spawn
 from deviceplugin.cli import Settings
 from deviceplugin.http import HttpServer
 from deviceplugin.log import log_event
@@ -33,10 +34,13 @@ async def _periodic(supervisor: Supervisor) -> None:
     while True:
         await asyncio.sleep(SOCKET_CHECK_SECONDS)
         elapsed += SOCKET_CHECK_SECONDS
-        await supervisor.check_kubelet("periodic check")
-        if elapsed >= REDISCOVER_SECONDS:
-            elapsed = 0.0
-            await supervisor.rediscover()
+        try:
+            await supervisor.check_kubelet("periodic check")
+            if elapsed >= REDISCOVER_SECONDS:
+                elapsed = 0.0
+                await supervisor.rediscover()
+        except Exception:  # one bad turn must not end the checks for good
+            logger.exception("periodic.failed")
 
 
 async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None) -> None:
@@ -58,10 +62,15 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
             await http.start()
         await supervisor.start()
         if settings.config_file:
-            watchers.watch_config(loop, Path(settings.config_file),
-                                  lambda: supervisor.reload("config file changed"))
-        watchers.watch_kubelet(loop, settings.kubelet_dir, supervisor.our_sockets,
-                               lambda: supervisor.check_kubelet("kubelet directory changed"))
+            watchers.watch_config(
+                loop, Path(settings.config_file), lambda: supervisor.reload("config file changed")
+            )
+        watchers.watch_kubelet(
+            loop,
+            settings.kubelet_dir,
+            supervisor.our_sockets,
+            lambda: supervisor.check_kubelet("kubelet directory changed"),
+        )
         watchers.start()
         periodic = loop.create_task(_periodic(supervisor))
         log_event(logger, "plugin.started", resources=sorted(supervisor.status().resources))
@@ -86,6 +95,6 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.request_stop)
     loop.add_signal_handler(
-        signal.SIGHUP, lambda: loop.create_task(supervisor.reload("SIGHUP", force=True))
+        signal.SIGHUP, lambda: spawn(supervisor.reload("SIGHUP", force=True), "SIGHUP")
     )
     await run_supervisor(supervisor)

@@ -13,22 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from deviceplugin.allocation import AllocateOptions
+from deviceplugin.background import spawn
 from deviceplugin.cli import Settings
 from deviceplugin.config import Config, ParsedConfig, load_config_text
-from deviceplugin.devices import Inventory
+from deviceplugin.devices import Inventory, Link
 from deviceplugin.discovery import discover
 from deviceplugin.errors import ConfigError, DevicePluginError, DiscoveryError, NvmlError
 from deviceplugin.health import HealthChange, HealthMonitor, HealthPolicy, parse_duration
-from deviceplugin.kubelet import KUBELET_SOCKET, register_until_done
 from deviceplugin.log import log_event
 from deviceplugin.metrics import Metrics
 from deviceplugin.nvml import Nvml, open_nvml
+from deviceplugin.registrar import Registrar
 from deviceplugin.resources import ResourceSet, apply_health, build_plan
 from deviceplugin.responder import NodeAllocator
 from deviceplugin.server import PluginServer
@@ -60,6 +60,26 @@ class Status:
         return everything and monitored and not self.kubelet_restarting
 
 
+def keep_unhealthy_gpus(
+    previous: Inventory | None, found: Inventory, unhealthy: Mapping[str, str]
+) -> Inventory:
+    """`found`, plus every GPU of `previous` that is marked Unhealthy and was not found again
+    (a GPU that fell off the bus stops answering discovery) — with its links."""
+    if previous is None:
+        return found
+    present = {gpu.uuid for gpu in found.gpus}
+    kept = [g for g in previous.gpus if g.uuid not in present and g.uuid in unhealthy]
+    if not kept:
+        return found
+    indices = {gpu.index for gpu in kept}
+    links: dict[tuple[int, int], Link] = {
+        pair: link for pair, link in previous.links.items() if indices & set(pair)
+    }
+    links.update(found.links)
+    gpus = tuple(sorted((*found.gpus, *kept), key=lambda gpu: gpu.index))
+    return replace(found, gpus=gpus, links=links)
+
+
 class Supervisor:
     """Runs the plugin: servers per resource, registration, health, reloads."""
 
@@ -74,15 +94,14 @@ class Supervisor:
         self._planned: dict[str, ResourceSet] = {}
         self._unhealthy: dict[str, str] = {}
         self._servers: dict[str, PluginServer] = {}
-        self._registering: dict[str, asyncio.Task[None]] = {}
-        self._registered: set[str] = set()
+        self._socket_names: frozenset[str] = frozenset()  # read by watcher threads
+        self._registrar = Registrar(settings.kubelet_dir, self.metrics)
         self._monitor: HealthMonitor | None = None
         self._allocator: NodeAllocator | None = None
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
-        self._kubelet_restarting = False
+        self._stopping = False
         self._last_config_error: str | None = None
-        self._kubelet_identity: tuple[int, int] | None = None
         self._started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -90,10 +109,12 @@ class Supervisor:
     async def start(self) -> None:
         """Load config, discover, serve and register. Raises ConfigError / DiscoveryError /
         NvmlError for start-up failures that `__main__` turns into exit codes."""
+        policy = HealthPolicy.from_env(self.settings.env)
+        recovery_after = parse_duration(self.settings.health_recovery_after)
         parsed, text = self._read_config()
         self._adopt_config(parsed, text)
         config = parsed.config
-        self._kubelet_identity = self._kubelet_socket_identity()
+        self._prepare_kubelet_dir()
         try:
             self._nvml = open_nvml(self.settings.simulate, self.settings.simulate_events)
             self._nvml.init()
@@ -110,7 +131,7 @@ class Supervisor:
             )
             self._started = True
             return
-        self._inventory = discover(self._nvml)
+        self._inventory = await asyncio.to_thread(discover, self._nvml)
         self._allocator_or_fail().configure(config, self._inventory)
         self.metrics.set_driver_version(self._inventory.driver_version)
         plan = build_plan(self._inventory, config)
@@ -119,23 +140,23 @@ class Supervisor:
             log_event(logger, "resources.skipped", logging.WARNING, detail=warning)
         async with self._lock:
             await self._reconcile()
-        self._start_monitor()
+        self._start_monitor(policy, recovery_after)
         self._started = True
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
     def request_stop(self) -> None:
+        self._stopping = True
         self._stopped.set()
 
     async def shutdown(self) -> None:
         """Stop health monitoring and every server (sockets removed), then NVML."""
         if self._monitor is not None:
             await asyncio.to_thread(self._monitor.stop)
+        self._stopping = True
         async with self._lock:
-            for task in self._registering.values():
-                task.cancel()
-            self._registering.clear()
+            self._registrar.forget_all()
             await asyncio.gather(*(s.stop(STOP_GRACE_SECONDS) for s in self._servers.values()))
             self._servers.clear()
         if self._nvml is not None:
@@ -146,10 +167,10 @@ class Supervisor:
     def status(self) -> Status:
         return Status(
             resources={name: server.resource for name, server in self._servers.items()},
-            registered=frozenset(self._registered),
+            registered=self._registrar.registered,
             health_monitor_alive=self._monitor is not None and self._monitor.alive,
             nvml_available=self._nvml is not None,
-            kubelet_restarting=self._kubelet_restarting,
+            kubelet_restarting=self._registrar.restarting,
             config_source=self.settings.config_file,
             last_config_error=self._last_config_error,
             started=self._started,
@@ -164,6 +185,8 @@ class Supervisor:
     async def reload(self, trigger: str, force: bool = False) -> bool:
         """Re-read the config and rediscover; apply only a valid result. True when applied."""
         async with self._lock:
+            if self._stopping:
+                return False
             try:
                 text = self._read_text()
             except ConfigError as exc:
@@ -172,12 +195,14 @@ class Supervisor:
                     self._reject(trigger, exc, text)
                 return False
             if not force and text in (self._config_text, self._rejected_text):
+                if text == self._config_text:  # back to the config in force: nothing is wrong
+                    self._rejected_text = self._last_config_error = None
                 self.metrics.config_reloads.labels("unchanged").inc()
                 return False
             try:
                 parsed = self._parse(text)
                 AllocateOptions.from_config(parsed.config)  # refuse unusable options up front
-                inventory = self._discover()
+                inventory = await self._discover()
                 plan = build_plan(inventory, parsed.config) if inventory else None
             except (ConfigError, DiscoveryError, NvmlError) as exc:
                 self._reject(trigger, exc, text)
@@ -195,8 +220,10 @@ class Supervisor:
     async def rediscover(self) -> bool:
         """Re-read the inventory (a MIG re-cut, a GPU gone); reconcile if it changed."""
         async with self._lock:
+            if self._stopping:
+                return False
             try:
-                inventory = self._discover()
+                inventory = await self._discover()
                 if inventory is None or inventory == self._inventory:
                     return False
                 plan = build_plan(inventory, self.config)
@@ -213,49 +240,29 @@ class Supervisor:
             return True
 
     async def kubelet_restarted(self, trigger: str) -> None:
-        """Re-serve every server whose socket is gone and register everything again."""
+        """Serve again where our sockets are gone and register everything again."""
         async with self._lock:
-            self._kubelet_restarting = True
-            self.metrics.kubelet_restarts.inc()
-            log_event(logger, "kubelet.restarted", trigger=trigger)
-            for task in self._registering.values():
-                task.cancel()
-            self._registering.clear()
-            self._registered.clear()
-            for server in self._servers.values():
-                if not server.socket_path.exists():
-                    await server.stop(0)
-                    await server.start()
-                self._register(server, again=True)
-            self._kubelet_restarting = bool(self._registering)
+            if not self._stopping:
+                await self._registrar.reregister(self._servers, trigger)
 
     async def check_kubelet(self, trigger: str) -> None:
         """Re-register when kubelet.sock is a new file or one of our sockets has gone."""
-        identity = self._kubelet_socket_identity()
-        if identity is None:
-            return  # the kubelet is down; its new socket will trigger this check again
-        missing = [n for n, s in self._servers.items() if s.serving and not s.socket_path.exists()]
-        if identity != self._kubelet_identity or missing:
-            self._kubelet_identity = identity
-            await self.kubelet_restarted(
-                trigger if not missing else f"{trigger}: {missing[0]} gone"
-            )
+        async with self._lock:
+            if self._stopping:
+                return
+            reason = self._registrar.restart_needed(self._servers)
+            if reason is not None:
+                await self._registrar.reregister(self._servers, f"{trigger}: {reason}")
 
-    def our_sockets(self) -> set[str]:
-        """File names of the sockets our servers listen on."""
-        return {server.socket_path.name for server in self._servers.values()}
-
-    def _kubelet_socket_identity(self) -> tuple[int, int] | None:
-        """(inode, ctime) of kubelet.sock, to tell a re-created socket from the old one."""
-        try:
-            st = os.stat(self.settings.kubelet_dir / KUBELET_SOCKET)
-        except OSError:
-            return None
-        return (st.st_ino, st.st_ctime_ns)
+    def our_sockets(self) -> frozenset[str]:
+        """File names of our sockets; safe to call from a watcher thread."""
+        return self._socket_names
 
     async def health_changed(self, change: HealthChange) -> None:
         """Apply one health transition reported by the monitor."""
         async with self._lock:
+            if self._stopping:
+                return
             if change.healthy:
                 if self._unhealthy.pop(change.uuid, None) is None:
                     return
@@ -294,9 +301,11 @@ class Supervisor:
         if not path:
             return ""
         try:
-            return Path(path).read_text()
+            return Path(path).read_text(encoding="utf-8")
         except OSError as exc:
             raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError("", f"cannot read config file {path}: not UTF-8 text") from None
 
     def _parse(self, text: str) -> ParsedConfig:
         """The file's content with flag and environment overrides applied."""
@@ -335,27 +344,32 @@ class Supervisor:
             keeping="last good config",
         )
 
-    def _discover(self) -> Inventory | None:
+    async def _discover(self) -> Inventory | None:
+        """Rediscover off the event loop (NVML calls block); a GPU that was marked Unhealthy and
+        no longer answers stays in the inventory, so its IDs stay advertised as Unhealthy
+        instead of vanishing from the kubelet's view."""
         if self._nvml is None:
             return None
-        return discover(self._nvml)
+        found = await asyncio.to_thread(discover, self._nvml)
+        return keep_unhealthy_gpus(self._inventory, found, self._unhealthy)
 
-    def _start_monitor(self) -> None:
+    def _prepare_kubelet_dir(self) -> None:
+        directory = self.settings.kubelet_dir
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError("--kubelet-dir", f"cannot use {directory}: {exc.strerror}") from None
+
+    def _start_monitor(self, policy: HealthPolicy, recovery_after: float | None) -> None:
         if self._nvml is None or self._inventory is None:
             return
         loop = asyncio.get_running_loop()
-        env = self.settings.env
 
         def report(change: HealthChange) -> None:
-            loop.call_soon_threadsafe(lambda: loop.create_task(self.health_changed(change)))
+            loop.call_soon_threadsafe(spawn, self.health_changed(change), "health change")
 
         self._monitor = HealthMonitor(
-            self._nvml,
-            self._inventory,
-            HealthPolicy.from_env(env),
-            report,
-            recovery_after=parse_duration(self.settings.health_recovery_after),
-            metrics=self.metrics,
+            self._nvml, self._inventory, policy, report, recovery_after, metrics=self.metrics
         )
         self._monitor.start()
 
@@ -364,10 +378,7 @@ class Supervisor:
         desired = apply_health(self._planned, self._unhealthy)
         for name in [n for n in self._servers if n not in desired]:
             removed = self._servers.pop(name)
-            task = self._registering.pop(name, None)
-            if task is not None:
-                task.cancel()
-            self._registered.discard(name)
+            self._registrar.forget(name)
             await removed.stop(STOP_GRACE_SECONDS)
             log_event(logger, "plugin.removed", resource=name, socket=removed.socket_path.name)
         for name, resource in desired.items():
@@ -390,34 +401,11 @@ class Supervisor:
             )
             await server.start()
             self._servers[name] = server
-            self._register(server, again=False)
+            self._registrar.register(server)
+        self._socket_names = frozenset(s.socket_path.name for s in self._servers.values())
         self.metrics.set_resources(desired)
 
     def _allocator_or_fail(self) -> NodeAllocator:
         if self._allocator is None:
             raise RuntimeError("no config adopted before serving")
         return self._allocator
-
-    def _register(self, server: PluginServer, again: bool) -> None:
-        name = server.name
-        kubelet_dir = self.settings.kubelet_dir
-
-        async def run() -> None:
-            failed = self.metrics.registration_failures.labels(name).inc
-            await register_until_done(kubelet_dir, server.socket_path.name, name, on_failure=failed)
-            self._registered.add(name)
-            self._registering.pop(name, None)
-            if not self._registering:
-                self._kubelet_restarting = False
-            self.metrics.registrations.labels(name, "again" if again else "first").inc()
-            resource = server.resource
-            log_event(
-                logger,
-                "plugin.registered",
-                resource=name,
-                socket=server.socket_path.name,
-                devices=len(resource.devices),
-                healthy=sum(d.healthy for d in resource.devices),
-            )
-
-        self._registering[name] = asyncio.get_running_loop().create_task(run())

@@ -15,18 +15,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Set
 from pathlib import Path
 from typing import Any
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from deviceplugin.background import spawn
 from deviceplugin.log import log_event
 
 logger = logging.getLogger(__name__)
 
 Trigger = Callable[[], Coroutine[Any, Any, Any]]
+# Events that change what is on disk; opening or reading a file (as every reload does) is not one.
+CHANGES = frozenset({"created", "modified", "moved", "deleted", "closed"})
 
 
 class Debounced:
@@ -49,7 +52,7 @@ class Debounced:
 
     def _run(self) -> None:
         self._pending = None
-        self._loop.create_task(self._action())
+        spawn(self._action(), "file watch")
 
 
 class _Handler(FileSystemEventHandler):
@@ -81,28 +84,31 @@ class Watchers:
         on_change: Trigger,
         delay: float = 0.05,
     ) -> None:
-        """Reload on any change in the config file's directory (symlink swaps included)."""
+        """Reload when the config file, or the ConfigMap's `..data` link, changes."""
         directory = config_file.parent
         debounced = Debounced(loop, on_change, delay)
-        self._observer.schedule(
-            _Handler(lambda _e: True, debounced.fire_threadsafe), str(directory)
-        )
+        relevant = {config_file.name, "..data"}  # the file, or the ConfigMap's symlink swap
+
+        def wanted(event: FileSystemEvent) -> bool:
+            return event.event_type in CHANGES and bool(_names(event) & relevant)
+
+        self._observer.schedule(_Handler(wanted, debounced.fire_threadsafe), str(directory))
         log_event(logger, "watch.config", directory=str(directory))
 
     def watch_kubelet(
         self,
         loop: asyncio.AbstractEventLoop,
         kubelet_dir: Path,
-        our_sockets: Callable[[], set[str]],
+        our_sockets: Callable[[], Set[str]],
         on_change: Trigger,
         delay: float = 0.02,
     ) -> None:
-        """Check for a kubelet restart when kubelet.sock appears or one of our sockets goes."""
+        """Check the kubelet when kubelet.sock appears or goes, or one of our sockets goes."""
         debounced = Debounced(loop, on_change, delay)
 
         def wanted(event: FileSystemEvent) -> bool:
             names = _names(event)
-            if "kubelet.sock" in names and event.event_type in ("created", "moved"):
+            if "kubelet.sock" in names and event.event_type in ("created", "moved", "deleted"):
                 return True
             return event.event_type in ("deleted", "moved") and bool(names & our_sockets())
 

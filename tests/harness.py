@@ -70,12 +70,18 @@ async def running_plugin(
     start_kubelet: bool = True,
     wait_registered: bool = True,
     recovery: str = "off",
+    configmap: bool = True,
 ) -> AsyncIterator[Plugin]:
     root = Path(tempfile.mkdtemp(prefix="dpt"))
     kubelet = KubeletEmulator(root / "k")
     if start_kubelet:
         await kubelet.start()
-    config = write_configmap(root / "cm", config_text)
+    if configmap:
+        config = write_configmap(root / "cm", config_text)
+    else:
+        config = root / "cm" / "config.yaml"
+        config.parent.mkdir()
+        config.write_text(config_text)
     events = root / "ev.jsonl"
     events.touch()
     settings = Settings(

@@ -268,3 +268,64 @@ def test_without_nvml_fail_on_init_error_decides_exit_or_idle() -> None:
         assert b"nvml.unavailable" in await idle.stderr.read()  # type: ignore[union-attr]
 
     run(body())
+
+
+def test_plain_config_file_edits_reload_and_reads_do_not_loop() -> None:
+    async def body() -> None:
+        async with running_plugin(configmap=False) as plugin:
+            config = plugin.root / "cm" / "config.yaml"
+            config.write_text(SEED.format(replicas=3))
+            await plugin.until(lambda: len(plugin.kubelet.devices(GPU)) == 12)
+            (plugin.root / "cm" / "unrelated.txt").write_text("x")
+            await asyncio.sleep(0.5)
+            assert reloads(plugin, "applied") == 1
+            assert reloads(plugin, "unchanged") <= 1, "a reload's own read must not trigger one"
+
+    run(body())
+
+
+def test_a_config_that_is_not_utf8_is_rejected_and_the_error_clears() -> None:
+    async def body() -> None:
+        async with running_plugin(configmap=False) as plugin:
+            config = plugin.root / "cm" / "config.yaml"
+            good = config.read_bytes()
+            config.write_bytes(good + b"# \xff\xfe\n")
+            await plugin.until(lambda: reloads(plugin, "rejected") == 1)
+            assert "not UTF-8" in (plugin.supervisor.status().last_config_error or "")
+            config.write_bytes(good)
+            await plugin.until(lambda: plugin.supervisor.status().last_config_error is None)
+            assert plugin.kubelet.allocatable(GPU) == 8 and reloads(plugin, "applied") == 0
+
+    run(body())
+
+
+def test_kubelet_down_makes_the_plugin_unready_until_it_returns() -> None:
+    async def body() -> None:
+        async with running_plugin() as plugin:
+            await plugin.kubelet.stop()
+            await plugin.until(lambda: not plugin.supervisor.status().ready)
+            assert plugin.supervisor.status().kubelet_restarting
+            await plugin.kubelet.start()
+            await plugin.until(plugin.settled)
+            restarts = plugin.supervisor.metrics.registry.get_sample_value(
+                "deviceplugin_kubelet_restarts_total"
+            )
+            assert restarts == 1
+
+    run(body())
+
+
+def test_a_lost_gpu_stays_advertised_unhealthy_after_rediscovery() -> None:
+    async def body() -> None:
+        async with running_plugin() as plugin:
+            kubelet = plugin.kubelet
+            victim = sorted(kubelet.devices(GPU))[0].split("::")[0]
+            plugin.event(uuid=victim, lost=True)
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 6)
+            await plugin.supervisor.rediscover()
+            devices = plugin.supervisor.status().resources[GPU].devices
+            lost = [d for d in devices if d.physical_uuid == victim]
+            assert len(devices) == 8 and [d.reason for d in lost] == ["gpu-lost", "gpu-lost"]
+            assert len(kubelet.devices(GPU)) == 8 and kubelet.allocatable(GPU) == 6
+
+    run(body())

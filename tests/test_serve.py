@@ -143,6 +143,8 @@ def test_preferred_allocation_is_deterministic_and_valid() -> None:
 def test_plugin_waits_for_a_kubelet_that_is_not_up_yet() -> None:
     async def body() -> None:
         async with running_plugin(start_kubelet=False, wait_registered=False) as plugin:
+            failures = plugin.supervisor.metrics.registration_failures
+            await plugin.until(lambda: failures.labels(MIG)._value.get() >= 1)
             assert not plugin.supervisor.status().ready
             kubelet: KubeletEmulator = plugin.kubelet
             await kubelet.start()

@@ -1,0 +1,34 @@
+"""Fire-and-forget tasks on the event loop, kept referenced and with their failures logged.
+
+asyncio keeps only a weak reference to a task: one nobody holds can vanish mid-flight, and an
+exception in it surfaces, if ever, as "Task exception was never retrieved". Every trigger the
+plugin starts in the background goes through `spawn` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_running: set[asyncio.Task[Any]] = set()
+
+
+def spawn(coroutine: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
+    """Run `coroutine` in the background on the running loop; log it if it fails."""
+    task = asyncio.get_running_loop().create_task(coroutine)
+    _running.add(task)
+    task.add_done_callback(lambda done: _finished(done, what))
+    return task
+
+
+def _finished(task: asyncio.Task[Any], what: str) -> None:
+    _running.discard(task)
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None:
+        logger.error("trigger.failed", exc_info=error, extra={"dp_fields": {"trigger": what}})

@@ -1,0 +1,123 @@
+"""Keeps every running server registered with the kubelet.
+
+A new server is registered once, retried with backoff until the kubelet answers. A kubelet
+restart — `kubelet.sock` re-created (a new inode), or one of our sockets deleted, which a new
+kubelet does to every plugin socket — means serving again where the socket is gone and
+registering everything again. While `kubelet.sock` is absent the kubelet is down: the plugin is
+not ready, and the socket's return triggers the re-registration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from deviceplugin.kubelet import KUBELET_SOCKET, register_until_done
+from deviceplugin.log import log_event
+from deviceplugin.metrics import Metrics
+from deviceplugin.server import PluginServer
+
+logger = logging.getLogger(__name__)
+
+Identity = tuple[int, int]
+KUBELET_UP = "kubelet.sock appeared"  # the kubelet was down (or not yet up): not a restart
+
+
+class Registrar:
+    """Registration state of this plugin's servers with one kubelet directory."""
+
+    def __init__(self, kubelet_dir: Path, metrics: Metrics) -> None:
+        self._dir = kubelet_dir
+        self._metrics = metrics
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._registered: set[str] = set()
+        self._identity = self._kubelet_identity()
+        self._restarting = False
+
+    @property
+    def registered(self) -> frozenset[str]:
+        return frozenset(self._registered)
+
+    @property
+    def restarting(self) -> bool:
+        """A kubelet restart is being handled, or the kubelet is down."""
+        return self._restarting or self._identity is None
+
+    def register(self, server: PluginServer, again: bool = False) -> None:
+        """Register `server` in the background, retrying until the kubelet accepts it."""
+        self.forget(server.name)
+        self._tasks[server.name] = asyncio.get_running_loop().create_task(
+            self._register(server, again)
+        )
+
+    def forget(self, name: str) -> None:
+        """Stop registering `name` and drop it from the registered set."""
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+        self._registered.discard(name)
+
+    def forget_all(self) -> None:
+        for name in list(self._tasks) + list(self._registered):
+            self.forget(name)
+
+    def restart_needed(self, servers: Mapping[str, PluginServer]) -> str | None:
+        """Why everything must be registered again now, or None. Also notes a kubelet that is
+        down (kubelet.sock gone), which keeps the plugin unready until it returns."""
+        identity = self._kubelet_identity()
+        if identity is None:
+            if self._identity is not None:
+                log_event(logger, "kubelet.down", socket=str(self._dir / KUBELET_SOCKET))
+                self._registered.clear()
+            self._identity = None
+            return None
+        if identity != self._identity:
+            first = self._identity is None
+            self._identity = identity
+            return KUBELET_UP if first else "kubelet.sock created"
+        gone = sorted(n for n, s in servers.items() if s.serving and not s.socket_path.exists())
+        return f"{gone[0]} socket removed" if gone else None
+
+    async def reregister(self, servers: Mapping[str, PluginServer], trigger: str) -> None:
+        """Serve again where our socket is gone, then register every server again."""
+        self._restarting = True
+        if trigger != KUBELET_UP:
+            self._metrics.kubelet_restarts.inc()
+        log_event(logger, "kubelet.restarted", trigger=trigger)
+        self.forget_all()
+        for server in servers.values():
+            if not server.socket_path.exists():
+                await server.stop(0)
+                await server.start()
+            self.register(server, again=True)
+        self._restarting = bool(self._tasks)
+
+    async def _register(self, server: PluginServer, again: bool) -> None:
+        name = server.name
+        failed = self._metrics.registration_failures.labels(name).inc
+        await register_until_done(self._dir, server.socket_path.name, name, on_failure=failed)
+        self._registered.add(name)
+        self._tasks.pop(name, None)
+        if not self._tasks:
+            self._restarting = False
+        self._metrics.registrations.labels(name, "again" if again else "first").inc()
+        resource = server.resource
+        log_event(
+            logger,
+            "plugin.registered",
+            resource=name,
+            socket=server.socket_path.name,
+            devices=len(resource.devices),
+            healthy=sum(d.healthy for d in resource.devices),
+        )
+
+    def _kubelet_identity(self) -> Identity | None:
+        """(inode, ctime) of kubelet.sock, to tell a re-created socket from the old one."""
+        try:
+            st = os.stat(self._dir / KUBELET_SOCKET)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_ctime_ns)
