@@ -24,7 +24,8 @@ def validate_config(settings: Settings) -> int:
     try:
         parsed = parse_config(text, source=path)
     except ConfigError as exc:
-        print(f"{path}: invalid: {exc}", file=sys.stderr)
+        # A syntax error's message already names the file; a field error names the field.
+        print(f"{path}: invalid: {exc}" if exc.path else f"invalid: {exc}", file=sys.stderr)
         return 2
     for warning in parsed.warnings:
         print(f"{path}: warning: {warning}", file=sys.stderr)

@@ -61,7 +61,7 @@ def dry_run(settings: Settings) -> dict[str, Any]:
         notes.append(f"NVML unavailable ({exc}); failOnInitError is false: serve would idle")
     else:
         try:
-            plan = build_plan(discover(nvml, host_root=config.flags.nvidia_driver_root), config)
+            plan = build_plan(discover(nvml), config)
         finally:
             with contextlib.suppress(DevicePluginError):
                 nvml.shutdown()
