@@ -119,8 +119,8 @@ def validate_request(resource: ResourceSet, device_ids: Sequence[str]) -> tuple[
     replica where `failRequestsGreaterThanOne` is set."""
     if not device_ids:
         raise AllocationError(f"empty request for {resource.name}: no device IDs")
-    repeated = [device_id for device_id, n in Counter(device_ids).items() if n > 1]
-    if repeated:
+    if len(set(device_ids)) != len(device_ids):
+        repeated = [device_id for device_id, n in Counter(device_ids).items() if n > 1]
         raise AllocationError(
             f"request for {resource.name} names device IDs more than once: {_listed(repeated)}"
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from deviceplugin.config import Config, ReplicatedResource, ResourcePattern
 from deviceplugin.devices import Device, Gpu, Health, Inventory, MigDevice, replica_id
@@ -36,7 +37,12 @@ class ResourceSet:
     def socket_name(self) -> str:
         return socket_name(self.name)
 
-    def by_id(self) -> dict[str, Device]:
+    def by_id(self) -> Mapping[str, Device]:
+        """The devices by ID, indexed once per set: Allocate looks IDs up on every call."""
+        return self._index
+
+    @cached_property
+    def _index(self) -> dict[str, Device]:
         return {device.id: device for device in self.devices}
 
 
