@@ -70,7 +70,9 @@ GPUS = ResourceSet("nvidia.com/gpu", (GPU_A, GPU_B))
 MIG_1G = ResourceSet("nvidia.com/mig-1g.10gb", (MIG_C0, MIG_C1))
 MIG_2G = ResourceSet("nvidia.com/mig-2g.20gb", (MIG_C2,))
 SHARED = ResourceSet("nvidia.com/gpu.shared", replicas(GPU_A, 4) + replicas(GPU_B, 4), replicas=4)
-SHARED_MIG = ResourceSet("nvidia.com/mig-1g.10gb.shared", replicas(MIG_C0, 2), replicas=2)
+SHARED_MIG = ResourceSet(
+    "nvidia.com/mig-1g.10gb.shared", replicas(MIG_C0, 2) + replicas(MIG_C1, 2), replicas=2
+)
 
 # gpu2/... entries are decoys: the driver keys capabilities by minor (3), not by index (2).
 MIG_MINORS = """\
@@ -163,7 +165,7 @@ class Case:
 GPU_REQ = ("GPU-bbbb", "GPU-aaaa")  # order is kept
 MIG_REQ = ("MIG-cccc-1", "MIG-cccc-0")
 REPLICA_REQ = ("GPU-aaaa::2", "GPU-bbbb::0", "GPU-aaaa::0")  # maps back to GPU-aaaa, GPU-bbbb
-MIG_REPLICA_REQ = ("MIG-cccc-0::1", "MIG-cccc-0::0")
+MIG_REPLICA_REQ = ("MIG-cccc-0::1", "MIG-cccc-1::0", "MIG-cccc-0::0")  # MIG-cccc-0, MIG-cccc-1
 
 ENV: tuple[ListStrategy, ...] = ("envvar",)
 VM: tuple[ListStrategy, ...] = ("volume-mounts",)
@@ -171,149 +173,110 @@ ANN: tuple[ListStrategy, ...] = ("cdi-annotations",)
 CRI: tuple[ListStrategy, ...] = ("cdi-cri",)
 R = ContainerResponse
 
-CASES: list[Case] = [
-    # envvar
-    Case("envvar-uuid-gpu", GPUS, GPU_REQ, ENV, "uuid", False, R(envs=env("GPU-bbbb,GPU-aaaa"))),
-    Case("envvar-index-gpu", GPUS, GPU_REQ, ENV, "index", False, R(envs=env("1,0"))),
-    Case(
-        "envvar-uuid-mig", MIG_1G, MIG_REQ, ENV, "uuid", False,
-        R(envs=env("MIG-cccc-1,MIG-cccc-0")),
+# --- the grid: every single strategy x ID strategy x kind x passDeviceSpecs ---
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of request and the pinned pieces of its response. `ids` are the runtime IDs
+    in response order (replicas mapped back and listed once); `digests` the cdi-annotations
+    key suffix for those IDs; `specs` the device nodes given with passDeviceSpecs: control
+    nodes that exist (no nvidia-modeset here), then each GPU's node by minor, then each MIG
+    device's GPU-instance and compute-instance capability nodes. The digests are literals on
+    purpose: the annotation key must not change between releases."""
+
+    name: str
+    resource: ResourceSet
+    request: tuple[str, ...]
+    ids: dict[IdStrategy, tuple[str, ...]]
+    digests: dict[IdStrategy, str]
+    specs: tuple[str, ...]
+
+
+CAP = "/dev/nvidia-caps/nvidia-cap"
+KINDS = (
+    Kind(
+        "gpu", GPUS, GPU_REQ,
+        ids={"uuid": ("GPU-bbbb", "GPU-aaaa"), "index": ("1", "0")},
+        digests={"uuid": "c5062c5e06420dfc", "index": "84d061fc463637db"},
+        specs=(*CONTROL, "/dev/nvidia1", "/dev/nvidia0"),
     ),
-    Case("envvar-index-mig", MIG_1G, MIG_REQ, ENV, "index", False, R(envs=env("2:1,2:0"))),
-    Case(
-        "envvar-uuid-replica", SHARED, REPLICA_REQ, ENV, "uuid", False,
-        R(envs=env("GPU-aaaa,GPU-bbbb")),
+    Kind(
+        "mig", MIG_1G, MIG_REQ,
+        ids={"uuid": ("MIG-cccc-1", "MIG-cccc-0"), "index": ("2:1", "2:0")},
+        digests={"uuid": "14829232f6f255c7", "index": "d19890f9979dd952"},
+        specs=(*CONTROL, "/dev/nvidia3", f"{CAP}39", f"{CAP}40", f"{CAP}30", f"{CAP}31"),
     ),
-    Case("envvar-index-replica", SHARED, REPLICA_REQ, ENV, "index", False, R(envs=env("0,1"))),
-    # volume-mounts
-    Case(
-        "volume-mounts-uuid-gpu", GPUS, GPU_REQ, VM, "uuid", False,
-        R(envs=env("/var/run/nvidia-container-devices"),
-          mounts=volume_mounts("GPU-bbbb", "GPU-aaaa")),
+    Kind(
+        "replica", SHARED, REPLICA_REQ,
+        ids={"uuid": ("GPU-aaaa", "GPU-bbbb"), "index": ("0", "1")},
+        digests={"uuid": "a23f6bcf663133e9", "index": "2a484d5bf5c52d6a"},
+        specs=(*CONTROL, "/dev/nvidia0", "/dev/nvidia1"),
     ),
-    Case(
-        "volume-mounts-index-gpu", GPUS, GPU_REQ, VM, "index", False,
-        R(envs=env("/var/run/nvidia-container-devices"), mounts=volume_mounts("1", "0")),
+    Kind(
+        "mig-replica", SHARED_MIG, MIG_REPLICA_REQ,
+        ids={"uuid": ("MIG-cccc-0", "MIG-cccc-1"), "index": ("2:0", "2:1")},
+        digests={"uuid": "61c2487c0e452e7d", "index": "daa7d4395fcf892d"},
+        specs=(*CONTROL, "/dev/nvidia3", f"{CAP}30", f"{CAP}31", f"{CAP}39", f"{CAP}40"),
     ),
-    Case(
-        "volume-mounts-uuid-mig", MIG_1G, MIG_REQ, VM, "uuid", False,
-        R(envs=env("/var/run/nvidia-container-devices"),
-          mounts=volume_mounts("MIG-cccc-1", "MIG-cccc-0")),
-    ),
-    Case(
-        "volume-mounts-index-mig", MIG_1G, MIG_REQ, VM, "index", False,
-        R(envs=env("/var/run/nvidia-container-devices"), mounts=volume_mounts("2:1", "2:0")),
-    ),
-    Case(
-        "volume-mounts-uuid-replica", SHARED, REPLICA_REQ, VM, "uuid", False,
-        R(envs=env("/var/run/nvidia-container-devices"),
-          mounts=volume_mounts("GPU-aaaa", "GPU-bbbb")),
-    ),
-    Case(
-        "volume-mounts-index-replica", SHARED, REPLICA_REQ, VM, "index", False,
-        R(envs=env("/var/run/nvidia-container-devices"), mounts=volume_mounts("0", "1")),
-    ),
-    # cdi-annotations (digests pinned: the key must not change between releases)
-    Case(
-        "cdi-annotations-uuid-gpu", GPUS, GPU_REQ, ANN, "uuid", False,
-        R(annotations=annotation("c5062c5e06420dfc", "GPU-bbbb", "GPU-aaaa")),
-    ),
-    Case(
-        "cdi-annotations-index-gpu", GPUS, GPU_REQ, ANN, "index", False,
-        R(annotations=annotation("84d061fc463637db", "1", "0")),
-    ),
-    Case(
-        "cdi-annotations-uuid-mig", MIG_1G, MIG_REQ, ANN, "uuid", False,
-        R(annotations=annotation("14829232f6f255c7", "MIG-cccc-1", "MIG-cccc-0")),
-    ),
-    Case(
-        "cdi-annotations-index-mig", MIG_1G, MIG_REQ, ANN, "index", False,
-        R(annotations=annotation("d19890f9979dd952", "2:1", "2:0")),
-    ),
-    Case(
-        "cdi-annotations-uuid-replica", SHARED, REPLICA_REQ, ANN, "uuid", False,
-        R(annotations=annotation("a23f6bcf663133e9", "GPU-aaaa", "GPU-bbbb")),
-    ),
-    Case(
-        "cdi-annotations-index-replica", SHARED, REPLICA_REQ, ANN, "index", False,
-        R(annotations=annotation("2a484d5bf5c52d6a", "0", "1")),
-    ),
-    # cdi-cri
-    Case(
-        "cdi-cri-uuid-gpu", GPUS, GPU_REQ, CRI, "uuid", False,
-        R(cdi_devices=cdi("GPU-bbbb", "GPU-aaaa")),
-    ),
-    Case("cdi-cri-index-gpu", GPUS, GPU_REQ, CRI, "index", False, R(cdi_devices=cdi("1", "0"))),
-    Case(
-        "cdi-cri-uuid-mig", MIG_1G, MIG_REQ, CRI, "uuid", False,
-        R(cdi_devices=cdi("MIG-cccc-1", "MIG-cccc-0")),
-    ),
-    Case(
-        "cdi-cri-index-mig", MIG_1G, MIG_REQ, CRI, "index", False,
-        R(cdi_devices=cdi("2:1", "2:0")),
-    ),
-    Case(
-        "cdi-cri-uuid-replica", SHARED, REPLICA_REQ, CRI, "uuid", False,
-        R(cdi_devices=cdi("GPU-aaaa", "GPU-bbbb")),
-    ),
-    Case(
-        "cdi-cri-index-replica", SHARED, REPLICA_REQ, CRI, "index", False,
-        R(cdi_devices=cdi("0", "1")),
-    ),
-    # passDeviceSpecs: control nodes that exist (no nvidia-modeset here), then GPU nodes by minor
-    Case(
-        "envvar-uuid-gpu-specs", GPUS, GPU_REQ, ENV, "uuid", True,
-        R(envs=env("GPU-bbbb,GPU-aaaa"),
-          device_specs=specs(*CONTROL, "/dev/nvidia1", "/dev/nvidia0")),
-    ),
-    Case(
-        "envvar-index-mig-specs", MIG_1G, MIG_REQ, ENV, "index", True,
-        R(envs=env("2:1,2:0"),
-          device_specs=specs(
-              *CONTROL,
-              "/dev/nvidia3",
-              "/dev/nvidia-caps/nvidia-cap39",
-              "/dev/nvidia-caps/nvidia-cap40",
-              "/dev/nvidia-caps/nvidia-cap30",
-              "/dev/nvidia-caps/nvidia-cap31",
-          )),
-    ),
-    Case(
-        "volume-mounts-uuid-mig-specs", MIG_1G, MIG_REQ, VM, "uuid", True,
-        R(envs=env("/var/run/nvidia-container-devices"),
-          mounts=volume_mounts("MIG-cccc-1", "MIG-cccc-0"),
-          device_specs=specs(
-              *CONTROL,
-              "/dev/nvidia3",
-              "/dev/nvidia-caps/nvidia-cap39",
-              "/dev/nvidia-caps/nvidia-cap40",
-              "/dev/nvidia-caps/nvidia-cap30",
-              "/dev/nvidia-caps/nvidia-cap31",
-          )),
-    ),
-    Case(
-        "volume-mounts-index-replica-specs", SHARED, REPLICA_REQ, VM, "index", True,
-        R(envs=env("/var/run/nvidia-container-devices"), mounts=volume_mounts("0", "1"),
-          device_specs=specs(*CONTROL, "/dev/nvidia0", "/dev/nvidia1")),
-    ),
-    Case(
-        "envvar-uuid-mig-replica-specs", SHARED_MIG, MIG_REPLICA_REQ, ENV, "uuid", True,
-        R(envs=env("MIG-cccc-0"),
-          device_specs=specs(
-              *CONTROL, "/dev/nvidia3",
-              "/dev/nvidia-caps/nvidia-cap30", "/dev/nvidia-caps/nvidia-cap31",
-          )),
-    ),
-    # passDeviceSpecs is ignored when every strategy is CDI
-    Case(
-        "cdi-cri-uuid-mig-specs-ignored", MIG_1G, MIG_REQ, CRI, "uuid", True,
-        R(cdi_devices=cdi("MIG-cccc-1", "MIG-cccc-0")),
-    ),
-    Case(
-        "cdi-annotations-index-gpu-specs-ignored", GPUS, GPU_REQ, ANN, "index", True,
-        R(annotations=annotation("84d061fc463637db", "1", "0")),
-    ),
-    # combinations
+)  # fmt: skip
+SINGLE_STRATEGIES = ENV + VM + ANN + CRI
+ID_STRATEGIES: tuple[IdStrategy, ...] = ("uuid", "index")
+
+
+def grid_expected(
+    strategy: ListStrategy, kind: Kind, id_strategy: IdStrategy, pass_specs: bool
+) -> ContainerResponse:
+    """The pinned pieces a single strategy shows. A CDI strategy gives no spec: the CDI spec
+    the runtime reads lists the nodes."""
+    ids = kind.ids[id_strategy]
+    if strategy == "cdi-annotations":
+        return R(annotations=annotation(kind.digests[id_strategy], *ids))
+    if strategy == "cdi-cri":
+        return R(cdi_devices=cdi(*ids))
+    if strategy == "envvar":
+        response = R(envs=env(",".join(ids)))
+    else:  # volume-mounts
+        response = R(envs=env("/var/run/nvidia-container-devices"), mounts=volume_mounts(*ids))
+    return replace(response, device_specs=specs(*kind.specs)) if pass_specs else response
+
+
+def grid_case(
+    strategy: ListStrategy, kind: Kind, id_strategy: IdStrategy, pass_specs: bool
+) -> Case:
+    """`<strategy>-<id strategy>-<kind>`, then `-specs` with passDeviceSpecs, or
+    `-specs-ignored` where the strategy is CDI and the flag has no effect."""
+    suffix = ""
+    if pass_specs:
+        suffix = "-specs-ignored" if strategy.startswith("cdi-") else "-specs"
+    return Case(
+        f"{strategy}-{id_strategy}-{kind.name}{suffix}",
+        kind.resource,
+        kind.request,
+        (strategy,),
+        id_strategy,
+        pass_specs,
+        grid_expected(strategy, kind, id_strategy, pass_specs),
+    )
+
+
+GRID: list[Case] = [
+    grid_case(strategy, kind, id_strategy, pass_specs)
+    for strategy in SINGLE_STRATEGIES
+    for kind in KINDS
+    for id_strategy in ID_STRATEGIES
+    for pass_specs in (False, True)
+]
+
+
+def test_the_grid_is_the_full_cross_product() -> None:
+    assert len(GRID) == len(SINGLE_STRATEGIES) * len(ID_STRATEGIES) * len(KINDS) * 2 == 64
+    assert len({case.id for case in CASES}) == len(CASES)
+
+
+# --- special behaviour: several strategies listed together ---
+
+COMBINATIONS: list[Case] = [
     Case(
         "envvar+volume-mounts-uuid-gpu", GPUS, GPU_REQ, ENV + VM, "uuid", False,
         R(envs=env("/var/run/nvidia-container-devices"),
@@ -333,6 +296,8 @@ CASES: list[Case] = [
           annotations=annotation("5beb3236b089576c", "GPU-aaaa")),
     ),
 ]  # fmt: skip
+
+CASES: list[Case] = GRID + COMBINATIONS
 
 
 @pytest.fixture
