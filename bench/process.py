@@ -1,0 +1,131 @@
+"""Child processes of the benchmark (`deviceplugin serve`, the echo baseline) and what /proc says
+about them.
+
+Figures are taken from outside, as an operator would see them: CPU time and RSS come from
+/proc/<pid>, never from inside the measured process. Every child is stopped on exit, killed if
+SIGTERM does not end it in time, so a failing run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from deviceplugin.cli import SERVE_ENV_VARS
+
+PYTHON = sys.executable
+REPO = Path(__file__).resolve().parent.parent
+_CONSOLE = Path(PYTHON).parent / "deviceplugin"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def clean_env() -> dict[str, str]:
+    """The environment without any variable `serve` reads, so only the given flags count."""
+    return {key: value for key, value in os.environ.items() if key not in SERVE_ENV_VARS}
+
+
+class Child:
+    """One child process with its output in a log file; a context manager that always stops it."""
+
+    def __init__(self, argv: Sequence[str], log: Path) -> None:
+        self.argv = list(argv)
+        self.log = log
+        self.started = 0.0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Child:
+        """Spawn; `started` is the monotonic time just before the fork."""
+        with self.log.open("ab") as out:
+            self.started = time.monotonic()
+            self._proc = subprocess.Popen(
+                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                env=clean_env(), cwd=REPO, start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError("not started")
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of every thread so far, from /proc/<pid>/stat."""
+        text = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = text[text.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+
+    def rss_bytes(self) -> int:
+        """VmRSS from /proc/<pid>/status."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines of the child's output, to explain a failure."""
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM, then SIGKILL after `timeout`; returns the exit code."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                return proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return proc.wait()
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def serve(
+    root: Path,
+    kubelet_dir: Path,
+    simulate: str,
+    config_file: Path | None = None,
+    events: Path | None = None,
+) -> Child:
+    """A `deviceplugin serve` on a simulated node, logging to <root>/serve.log (not started)."""
+    command = [str(_CONSOLE)] if _CONSOLE.exists() else [PYTHON, "-m", "deviceplugin"]
+    argv = [*command, "serve", "--simulate", simulate, "--kubelet-dir", str(kubelet_dir)]
+    if config_file is not None:
+        argv += ["--config-file", str(config_file)]
+    if events is not None:
+        argv += ["--simulate-events", str(events)]
+    return Child(argv, root / "serve.log")
+
+
+def echo(root: Path, socket: Path, answers: Path | None = None,
+         register: str | None = None) -> Child:
+    """The bare grpc.aio baseline server of bench/echo.py (not started)."""
+    argv = [PYTHON, "-m", "bench.echo", str(socket)]
+    if answers is not None:
+        argv += ["--answers", str(answers)]
+    if register is not None:
+        argv += ["--register", register]
+    return Child(argv, root / "echo.log")
