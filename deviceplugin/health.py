@@ -83,7 +83,7 @@ def parse_duration(text: str) -> float | None:
 class MonitorTiming:
     """The worker's clock settings; production uses the defaults, tests shorten them."""
 
-    wait: float = 1.0  # longest single event wait: bounds how long stop() takes
+    wait: float = 0.5  # longest single event wait: bounds how long stop() takes
     retry: tuple[float, ...] = (0.1, 0.2, 0.4, 0.8, 1.6)  # re-create delays after wait failures
     restore: float = 30.0  # slow retry for lost monitoring, lost GPUs, failed registrations
 
