@@ -12,33 +12,16 @@ from pathlib import Path
 
 import yaml
 
-from deviceplugin.demo import write_configmap
+from deviceplugin.demo import SEED_CONFIG, write_configmap
 
 DEFAULT_PRESET = "a100-80gb-x8-mixed"
 MIG_RESOURCE = "nvidia.com/mig-1g.10gb"
 _GI_IDS = (7, 8, 9, 11, 12, 13, 14)  # where an A100 places seven 1g.10gb instances
 
-DEFAULT_CONFIG = """\
-version: v1
-flags:
-  migStrategy: mixed
-sharing:
-  timeSlicing:
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {replicas}
-"""
+DEFAULT_CONFIG = SEED_CONFIG
 
-LARGE_CONFIG = f"""\
-version: v1
-flags:
-  migStrategy: mixed
-sharing:
-  timeSlicing:
-    resources:
-      - name: {MIG_RESOURCE}
-        replicas: 16
-"""
+# The seed with its time-slicing moved onto the MIG resource: 16 replicas of each MIG device.
+LARGE_CONFIG = SEED_CONFIG.replace("nvidia.com/gpu", MIG_RESOURCE).format(replicas=16)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import deviceplugin.http
 from deviceplugin.cli import Settings
+from deviceplugin.demo import SEED_CONFIG
 from deviceplugin.errors import ConfigError
 from deviceplugin.http import MAX_HEAD, HttpServer, parse_address
 from deviceplugin.metrics import Metrics
@@ -34,16 +35,7 @@ from deviceplugin.sim.podresources import PodResourcesEmulator
 from deviceplugin.supervisor import Supervisor
 
 PRESET = "a100-80gb-x8-mixed"
-CONFIG = """\
-version: v1
-flags:
-  migStrategy: mixed
-sharing:
-  timeSlicing:
-    resources:
-      - name: nvidia.com/gpu
-        replicas: {replicas}
-"""
+CONFIG = SEED_CONFIG
 GPU, MIG = "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"
 EVENT = re.compile(r"[a-z]+(\.[a-z-]+)+")
 
