@@ -16,7 +16,7 @@ from deviceplugin.config import Config
 from deviceplugin.devices import Device
 from deviceplugin.pods import PodDevices
 from deviceplugin.resources import ResourceSet
-from deviceplugin.supervisor import Status
+from deviceplugin.status import Status
 
 
 def not_ready_reasons(status: Status) -> list[str]:

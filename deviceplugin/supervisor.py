@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from deviceplugin.allocation import AllocateOptions
@@ -32,32 +32,11 @@ from deviceplugin.registrar import Registrar
 from deviceplugin.resources import ResourceSet, apply_health, build_plan
 from deviceplugin.responder import NodeAllocator
 from deviceplugin.server import PluginServer
+from deviceplugin.status import Status
 
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class Status:
-    """What /readyz and inspect report about the running plugin."""
-
-    resources: Mapping[str, ResourceSet]
-    registered: frozenset[str]
-    health_monitor_alive: bool
-    nvml_available: bool
-    kubelet_restarting: bool
-    config_source: str | None
-    last_config_error: str | None
-    started: bool = True
-
-    @property
-    def ready(self) -> bool:
-        if not self.started:
-            return False
-        everything = set(self.resources) <= self.registered
-        monitored = self.health_monitor_alive or not self.nvml_available or not self.resources
-        return everything and monitored and not self.kubelet_restarting
 
 
 def keep_unhealthy_gpus(
