@@ -12,6 +12,8 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
+from deviceplugin.log import log_exception
+
 logger = logging.getLogger(__name__)
 
 _running: set[asyncio.Task[Any]] = set()
@@ -31,4 +33,4 @@ def _finished(task: asyncio.Task[Any], what: str) -> None:
         return
     error = task.exception()
     if error is not None:
-        logger.error("trigger.failed", exc_info=error, extra={"dp_fields": {"trigger": what}})
+        log_exception(logger, "trigger.failed", error, trigger=what)

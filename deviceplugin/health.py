@@ -197,8 +197,12 @@ class HealthMonitor:
             self._on_failure(exc)
             return
         if self._failures:
-            log_event(logger, "health.monitor.restored", attempts=self._failures,
-                      gpus=sorted(self._watched))
+            log_event(
+                logger,
+                "health.monitor.restored",
+                attempts=self._failures,
+                gpus=sorted(self._watched),
+            )
             self._failures = 0
             self._monitoring_lost = False
         if event is not None:
@@ -251,9 +255,14 @@ class HealthMonitor:
         self._unmonitored = frozenset(u for u, why in failed.items() if why.startswith(UNMONITORED))
         self._failed = frozenset(failed) - self._unmonitored
         self._watched = frozenset(gpus) - self._failed
-        log_event(logger, "health.monitor.watching", gpus=sorted(self._watched - self._unmonitored),
-                  unmonitored=sorted(self._unmonitored), unregistered=sorted(self._failed),
-                  lost=sorted(self._lost))
+        log_event(
+            logger,
+            "health.monitor.watching",
+            gpus=sorted(self._watched - self._unmonitored),
+            unmonitored=sorted(self._unmonitored),
+            unregistered=sorted(self._failed),
+            lost=sorted(self._lost),
+        )
         for uuid in sorted(self._failed):
             if self._nvml.probe(uuid).lost:
                 self._gpu_lost(uuid, now)
@@ -272,14 +281,26 @@ class HealthMonitor:
         self._rearm(now)
         if self._failures <= len(self._timing.retry):
             delay = self._timing.retry[self._failures - 1]
-            log_event(logger, "health.monitor.retry", logging.WARNING, attempt=self._failures,
-                      delay=delay, error=str(exc))
+            log_event(
+                logger,
+                "health.monitor.retry",
+                logging.WARNING,
+                attempt=self._failures,
+                delay=delay,
+                error=str(exc),
+            )
         else:
             delay = self._timing.restore
             if not self._monitoring_lost:
                 self._monitoring_lost = True
-                log_event(logger, "health.monitor.lost", logging.ERROR, error=str(exc),
-                          attempts=self._failures - 1, retry_every=delay)
+                log_event(
+                    logger,
+                    "health.monitor.lost",
+                    logging.ERROR,
+                    error=str(exc),
+                    attempts=self._failures - 1,
+                    retry_every=delay,
+                )
                 for gpu in self._inventory.gpus:
                     if gpu.uuid not in self._out and gpu.uuid not in self._unmonitored:
                         self._mark(gpu.uuid, gpu.uuid, MONITORING_LOST, None, now)
@@ -329,8 +350,9 @@ class HealthMonitor:
             return
         decision = self._policy.decide(event.xid)
         if not decision.fatal:
-            log_event(logger, "health.ignored", **fields, decision="ignored",
-                      action=decision.action)
+            log_event(
+                logger, "health.ignored", **fields, decision="ignored", action=decision.action
+            )
             self._count(str(event.xid), "ignored")
             return
         if self._nvml.probe(event.gpu_uuid).lost:
@@ -340,8 +362,14 @@ class HealthMonitor:
             self._count(str(event.xid), "unhealthy")
             return
         targets = self._route(event)
-        log_event(logger, "health.event", **fields, decision="unhealthy",
-                  action=decision.action, targets=targets)
+        log_event(
+            logger,
+            "health.event",
+            **fields,
+            decision="unhealthy",
+            action=decision.action,
+            targets=targets,
+        )
         now = time.monotonic()
         for uuid in targets:
             self._mark(uuid, event.gpu_uuid, decision.reason, event.xid, now)
@@ -362,8 +390,15 @@ class HealthMonitor:
             if mig.gpu_instance_id == gi and (ci is None or mig.compute_instance_id == ci)
         ]
         if not migs:
-            log_event(logger, "health.route.fallback", logging.WARNING, uuid=gpu.uuid, gi=gi,
-                      ci=ci, why="no MIG device with this GPU/compute instance; marking the GPU")
+            log_event(
+                logger,
+                "health.route.fallback",
+                logging.WARNING,
+                uuid=gpu.uuid,
+                gi=gi,
+                ci=ci,
+                why="no MIG device with this GPU/compute instance; marking the GPU",
+            )
             return [gpu.uuid]
         return migs
 
@@ -414,11 +449,16 @@ class HealthMonitor:
         """Why the GPU cannot serve yet, or None when it can."""
         probe = self._nvml.probe(gpu_uuid)
         problem = (
-            GPU_LOST if probe.lost
-            else "not-answering" if not probe.answers
-            else "retired-pages-pending" if probe.retired_pages_pending
-            else "remapped-rows-pending" if probe.remapped_rows_pending
-            else f"recovery-action-{probe.recovery_action}" if probe.recovery_action
+            GPU_LOST
+            if probe.lost
+            else "not-answering"
+            if not probe.answers
+            else "retired-pages-pending"
+            if probe.retired_pages_pending
+            else "remapped-rows-pending"
+            if probe.remapped_rows_pending
+            else f"recovery-action-{probe.recovery_action}"
+            if probe.recovery_action
             else None
         )
         log_event(logger, "health.probe", uuid=gpu_uuid, ok=problem is None, problem=problem or "")

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deviceplugin.errors import ConfigError
-from deviceplugin.log import log_event
+from deviceplugin.log import log_event, log_exception
 from deviceplugin.pods import PodDevices, read_pods
-from deviceplugin.snapshot import build_snapshot, not_ready_reasons
+from deviceplugin.snapshot import build_snapshot
 from deviceplugin.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
@@ -145,14 +145,14 @@ class HttpServer:
             return _text(400, "bad request target"), False
         except Exception:
             path = target.decode("ascii", "replace")
-            logger.exception("http.failed", extra={"dp_fields": {"path": path}})
+            log_exception(logger, "http.failed", path=path)
             return _text(500, "internal error"), False
 
     async def _route(self, path: str) -> Response:
         if path == "/healthz":
             return _text(200, "ok")
         if path == "/readyz":
-            reasons = not_ready_reasons(self._supervisor.status())
+            reasons = self._supervisor.status().not_ready
             return _text(503, "; ".join(reasons)) if reasons else _text(200, "ready")
         if path == "/metrics":
             pods, _ = await self._read_pods()

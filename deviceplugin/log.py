@@ -23,6 +23,14 @@ def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **f
         logger.log(level, event, extra={_FIELDS: fields})
 
 
+def log_exception(
+    logger: logging.Logger, event: str, error: BaseException | None = None, **fields: Any
+) -> None:
+    """Log one event at ERROR with its fields and a traceback: of `error`, or else of the
+    exception being handled."""
+    logger.error(event, exc_info=error or True, extra={_FIELDS: fields})
+
+
 def _format_value(value: Any) -> str:
     if isinstance(value, dict):
         return json.dumps(value, separators=(",", ":"))

@@ -90,13 +90,11 @@ class Metrics:
         """Publish device counts per resource and health; resources that went away read 0."""
         self.devices.clear()
         for name, resource in resources.items():
-            healthy = sum(device.healthy for device in resource.devices)
+            healthy = resource.healthy_count
             self.devices.labels(name, "Healthy").set(healthy)
             self.devices.labels(name, "Unhealthy").set(len(resource.devices) - healthy)
 
-    def set_allocated(
-        self, pods: PodDevices | None, resources: Mapping[str, ResourceSet]
-    ) -> None:
+    def set_allocated(self, pods: PodDevices | None, resources: Mapping[str, ResourceSet]) -> None:
         """Publish who holds which of our devices, with the physical device and parent GPU
         behind each ID; None (assignments unknown) publishes nothing rather than stale rows."""
         self.allocated.clear()
@@ -106,8 +104,13 @@ class Metrics:
             for device in resource.devices:
                 for holder in pods.holders(name, device.id):
                     self.allocated.labels(
-                        name, device.id, device.physical_uuid, device.gpu_uuid,
-                        holder.namespace, holder.pod, holder.container,
+                        name,
+                        device.id,
+                        device.physical_uuid,
+                        device.gpu_uuid,
+                        holder.namespace,
+                        holder.pod,
+                        holder.container,
                     ).set(1)
 
     def rpc_done(self, resource: str, method: str, seconds: float, ok: bool) -> None:

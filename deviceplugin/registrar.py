@@ -35,7 +35,7 @@ class Registrar:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._registered: set[str] = set()
         self._identity = self._kubelet_identity()
-        self._restarting = False
+        self._again: set[str] = set()  # registering again after a kubelet restart
 
     @property
     def registered(self) -> frozenset[str]:
@@ -44,11 +44,13 @@ class Registrar:
     @property
     def restarting(self) -> bool:
         """A kubelet restart is being handled, or the kubelet is down."""
-        return self._restarting or self._identity is None
+        return bool(self._again) or self._identity is None
 
     def register(self, server: PluginServer, again: bool = False) -> None:
         """Register `server` in the background, retrying until the kubelet accepts it."""
         self.forget(server.name)
+        if again:
+            self._again.add(server.name)
         self._tasks[server.name] = asyncio.get_running_loop().create_task(
             self._register(server, again)
         )
@@ -59,6 +61,7 @@ class Registrar:
         if task is not None:
             task.cancel()
         self._registered.discard(name)
+        self._again.discard(name)
 
     def forget_all(self) -> None:
         for name in list(self._tasks) + list(self._registered):
@@ -83,17 +86,16 @@ class Registrar:
 
     async def reregister(self, servers: Mapping[str, PluginServer], trigger: str) -> None:
         """Serve again where our socket is gone, then register every server again."""
-        self._restarting = True
         if trigger != KUBELET_UP:
             self._metrics.kubelet_restarts.inc()
         log_event(logger, "kubelet.restarted", trigger=trigger)
         self.forget_all()
+        self._again.update(servers)  # unready from now on, not only once the first Register starts
         for server in servers.values():
             if not server.socket_path.exists():
                 await server.stop(0)
                 await server.start()
             self.register(server, again=True)
-        self._restarting = bool(self._tasks)
 
     async def _register(self, server: PluginServer, again: bool) -> None:
         name = server.name
@@ -101,8 +103,7 @@ class Registrar:
         await register_until_done(self._dir, server.socket_path.name, name, on_failure=failed)
         self._registered.add(name)
         self._tasks.pop(name, None)
-        if not self._tasks:
-            self._restarting = False
+        self._again.discard(name)
         self._metrics.registrations.labels(name, "again" if again else "first").inc()
         resource = server.resource
         log_event(
@@ -111,7 +112,7 @@ class Registrar:
             resource=name,
             socket=server.socket_path.name,
             devices=len(resource.devices),
-            healthy=sum(d.healthy for d in resource.devices),
+            healthy=resource.healthy_count,
         )
 
     def _kubelet_identity(self) -> Identity | None:

@@ -45,6 +45,10 @@ class ResourceSet:
     def _index(self) -> dict[str, Device]:
         return {device.id: device for device in self.devices}
 
+    @cached_property
+    def healthy_count(self) -> int:
+        return sum(device.healthy for device in self.devices)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -76,7 +80,7 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
     if strategy == "none":
         base = _strategy_none(inventory, config)
     elif strategy == "single":
-        base = _strategy_single(inventory, config, warnings)
+        base = _strategy_single(inventory, config)
     else:
         base = _strategy_mixed(inventory, config, warnings)
     resources = _apply_time_slicing(base, config, warnings)
@@ -151,9 +155,7 @@ def _strategy_none(inventory: Inventory, config: Config) -> dict[str, list[Devic
     )
 
 
-def _strategy_single(
-    inventory: Inventory, config: Config, warnings: list[str]
-) -> dict[str, list[Device]]:
+def _strategy_single(inventory: Inventory, config: Config) -> dict[str, list[Device]]:
     enabled = [gpu for gpu in inventory.gpus if gpu.mig_enabled]
     if not enabled:
         return _strategy_none(inventory, config)
@@ -171,12 +173,11 @@ def _strategy_single(
             f"migStrategy 'single' needs the same MIG layout on every GPU; {names} has MIG "
             "enabled but no MIG devices; create its instances or use migStrategy 'mixed'"
         )
-    populated = enabled
-    profiles = {mig.profile for gpu in populated for mig in gpu.mig_devices}
+    profiles = {mig.profile for gpu in enabled for mig in gpu.mig_devices}
     if len(profiles) > 1:
         detail = "; ".join(
             f"GPU {gpu.index}: {', '.join(sorted({m.profile for m in gpu.mig_devices}))}"
-            for gpu in populated
+            for gpu in enabled
         )
         raise DiscoveryError(
             "migStrategy 'single' needs every MIG device on the node to have the same profile; "
@@ -185,7 +186,7 @@ def _strategy_single(
     renames = config.resources.mig
     return _group(
         (_rename(renames, mig.profile, GPU_RESOURCE), _mig_device(gpu, mig))
-        for gpu in populated
+        for gpu in enabled
         for mig in gpu.mig_devices
     )
 
@@ -215,11 +216,12 @@ def _strategy_mixed(
     return _group(pairs)
 
 
-def _selects(device: Device, selectors: tuple[str, ...]) -> bool:
+def _keys(device: Device) -> set[str]:
+    """What a `devices:` entry may name a device by: its UUID or index (a GPU's own UUID too)."""
     keys = {device.physical_uuid, device.index_id}
     if device.mig is None:
         keys.add(device.gpu_uuid)
-    return any(selector in keys for selector in selectors)
+    return keys
 
 
 def _apply_time_slicing(
@@ -229,17 +231,16 @@ def _apply_time_slicing(
     shared: dict[str, list[Device]] = {}
     replicas_of: dict[str, int] = {}
     dedicated = {name: list(devices) for name, devices in base.items()}
-    seen: set[str] = set()
     origins: dict[str, str] = {}  # shared resource name -> the config field that named it
-    for position, entry in enumerate(slicing.resources if slicing else ()):
+    # The config already refused two entries with one name or one advertised name.
+    entries = (
+        [(entry, slicing.advertised_name(entry)) for entry in slicing.resources] if slicing else []
+    )
+    for position, (entry, target) in enumerate(entries):
         path = f"sharing.timeSlicing.resources[{position}]"
-        if entry.name in seen:
-            raise ConfigError(f"{path}.name", f"{entry.name} is shared more than once")
-        seen.add(entry.name)
         if entry.name not in base:
             warnings.append(f"{path}: no device on this node backs {entry.name}; nothing shared")
             continue
-        target = _shared_name(entry, rename_by_default=bool(slicing and slicing.rename_by_default))
         chosen, kept = _select(base[entry.name], entry, path, warnings)
         if kept and target == entry.name:
             raise ConfigError(
@@ -247,7 +248,7 @@ def _apply_time_slicing(
                 f"sharing only some devices of {entry.name} needs 'rename' (or renameByDefault), "
                 "so shared and dedicated devices get different resource names",
             )
-        if target in shared or (target in base and target != entry.name):
+        if target in base and target != entry.name:
             raise ConfigError(f"{path}.rename", f"{target} is already a resource on this node")
         origins[target] = f"{path}.rename" if entry.rename else f"{path}.name"
         dedicated[entry.name] = kept
@@ -287,23 +288,20 @@ def _check_sockets(resources: Mapping[str, ResourceSet], origins: Mapping[str, s
         owner[socket] = name
 
 
-def _shared_name(entry: ReplicatedResource, rename_by_default: bool) -> str:
-    if entry.rename:
-        return entry.rename
-    return f"{entry.name}.shared" if rename_by_default else entry.name
-
-
 def _select(
     devices: list[Device], entry: ReplicatedResource, path: str, warnings: list[str]
 ) -> tuple[list[Device], list[Device]]:
     if entry.devices == "all":
         return devices, []
-    selectors = entry.devices
-    chosen = [device for device in devices if _selects(device, selectors)]
-    kept = [device for device in devices if not _selects(device, selectors)]
-    known = {key for device in devices for key in (device.physical_uuid, device.index_id)}
-    known |= {device.gpu_uuid for device in devices if device.mig is None}
-    for selector in selectors:
+    selectors = set(entry.devices)
+    chosen: list[Device] = []
+    kept: list[Device] = []
+    known: set[str] = set()
+    for device in devices:
+        keys = _keys(device)
+        (chosen if keys & selectors else kept).append(device)
+        known |= keys
+    for selector in entry.devices:
         if selector not in known:
             warnings.append(f"{path}.devices: {selector} matches no {entry.name} device; ignored")
     return chosen, kept

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import grpc
 
 from deviceplugin.errors import AllocationError
-from deviceplugin.log import log_event
+from deviceplugin.log import log_event, log_exception
 from deviceplugin.resources import ResourceSet
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
@@ -57,6 +57,31 @@ class Observer(Protocol):
 class _NullObserver:
     def rpc_done(self, resource: str, method: str, seconds: float, ok: bool) -> None:
         return None
+
+
+# Allocate requests can name thousands of IDs; the default 4 MiB would refuse the largest ones.
+SERVER_OPTIONS = (("grpc.max_receive_message_length", 16 * 1024 * 1024),)
+
+
+async def listen_unix(
+    socket: Path, add_services: Callable[[grpc.aio.Server], None]
+) -> grpc.aio.Server:
+    """A started grpc.aio server on a unix socket; a stale socket file is removed first."""
+    with contextlib.suppress(FileNotFoundError):
+        socket.unlink()
+    server = grpc.aio.server(options=list(SERVER_OPTIONS))
+    add_services(server)
+    server.add_insecure_port(f"unix://{socket}")
+    await server.start()
+    return server
+
+
+async def close_unix(server: grpc.aio.Server | None, socket: Path, grace: float | None) -> None:
+    """Stop `server` (if any) and remove its socket file."""
+    if server is not None:
+        await server.stop(grace)
+    with contextlib.suppress(FileNotFoundError):
+        socket.unlink()
 
 
 def list_response(resource: ResourceSet) -> api_pb2.ListAndWatchResponse:
@@ -109,13 +134,10 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     async def start(self) -> None:
         """Remove a stale socket, listen, and serve; returns once the socket accepts calls."""
         self._closing = False
-        with contextlib.suppress(FileNotFoundError):
-            self._socket.unlink()
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 16 * 1024 * 1024)])
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
-        server.add_insecure_port(f"unix://{self._socket}")
-        await server.start()
-        self._server = server
+        self._server = await listen_unix(
+            self._socket,
+            lambda server: api_pb2_grpc.add_DevicePluginServicer_to_server(self, server),
+        )
 
     async def stop(self, grace: float = 0.5) -> None:
         """End open streams, stop serving, and remove our socket."""
@@ -123,10 +145,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         async with self._changed:
             self._changed.notify_all()
         server, self._server = self._server, None
-        if server is not None:
-            await server.stop(grace)
-        with contextlib.suppress(FileNotFoundError):
-            self._socket.unlink()
+        await close_unix(server, self._socket, grace)
 
     async def update(self, resource: ResourceSet) -> bool:
         """Serve a new device list; open ListAndWatch streams send it. False when unchanged."""
@@ -167,20 +186,21 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     ) -> api_pb2.AllocateResponse:
         started = time.perf_counter()
         requests = [list(container.devices_ids) for container in request.container_requests]
+        ok = False
         try:
             response = self._allocator.allocate(self._resource, requests)
+            ok = True
+            return response
         except AllocationError as exc:
-            self._observer.rpc_done(self.name, "Allocate", time.perf_counter() - started, False)
             log_event(
                 logger, "allocate.refused", logging.WARNING, resource=self.name, error=str(exc)
             )
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:
-            self._observer.rpc_done(self.name, "Allocate", time.perf_counter() - started, False)
-            logger.exception("allocate.failed", extra={"dp_fields": {"resource": self.name}})
+            log_exception(logger, "allocate.failed", resource=self.name)
             await context.abort(grpc.StatusCode.INTERNAL, f"allocate failed: {exc}")
-        self._observer.rpc_done(self.name, "Allocate", time.perf_counter() - started, True)
-        return response
+        finally:
+            self._observer.rpc_done(self.name, "Allocate", time.perf_counter() - started, ok)
 
     async def GetPreferredAllocation(
         self,
@@ -203,7 +223,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
                 # error here would fail the pod's admission.
                 ok = False
                 chosen = []
-                logger.exception("preferred.failed", extra={"dp_fields": {"resource": self.name}})
+                log_exception(logger, "preferred.failed", resource=self.name)
             responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         elapsed = time.perf_counter() - started
         self._observer.rpc_done(self.name, "GetPreferredAllocation", elapsed, ok)

@@ -19,24 +19,6 @@ from deviceplugin.resources import ResourceSet
 from deviceplugin.status import Status
 
 
-def not_ready_reasons(status: Status) -> list[str]:
-    """Why the plugin is not ready; empty when it is. Before start-up has finished the plugin
-    advertises nothing yet, which would otherwise read as "everything registered"."""
-    if not status.started:
-        return ["starting"]
-    reasons: list[str] = []
-    missing = sorted(set(status.resources) - status.registered)
-    if missing:
-        reasons.append("not registered: " + ", ".join(missing))
-    if status.resources and status.nvml_available and not status.health_monitor_alive:
-        reasons.append("health monitor not running")
-    if status.kubelet_restarting:
-        reasons.append("kubelet restart in progress")
-    if not reasons and not status.ready:
-        reasons.append("not ready")
-    return reasons
-
-
 def build_snapshot(
     resources: Mapping[str, ResourceSet],
     config: Config,
@@ -49,7 +31,7 @@ def build_snapshot(
     notes: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The document. `status` is None for a dry run; `pods_socket` None leaves pods out."""
-    reasons = not_ready_reasons(status) if status is not None else None
+    reasons = status.not_ready if status is not None else None
     registered = status.registered if status is not None else None
     document: dict[str, Any] = {
         "live": status is not None,
@@ -94,7 +76,7 @@ def without_pods(document: dict[str, Any]) -> dict[str, Any]:
 def _resource(
     resource: ResourceSet, registered: frozenset[str] | None, pods: PodDevices | None
 ) -> dict[str, Any]:
-    healthy = sum(device.healthy for device in resource.devices)
+    healthy = resource.healthy_count
     return {
         "name": resource.name,
         "socket": resource.socket_name,

@@ -19,12 +19,24 @@ class Status:
     kubelet_restarting: bool
     config_source: str | None
     last_config_error: str | None
-    started: bool = True
+    started: bool
+
+    @property
+    def not_ready(self) -> list[str]:
+        """Why the plugin is not ready; empty when it is. Before start-up has finished the plugin
+        advertises nothing yet, which would otherwise read as "everything registered"."""
+        if not self.started:
+            return ["starting"]
+        reasons: list[str] = []
+        missing = sorted(set(self.resources) - self.registered)
+        if missing:
+            reasons.append("not registered: " + ", ".join(missing))
+        if self.resources and self.nvml_available and not self.health_monitor_alive:
+            reasons.append("health monitor not running")
+        if self.kubelet_restarting:
+            reasons.append("kubelet restart in progress")
+        return reasons
 
     @property
     def ready(self) -> bool:
-        if not self.started:
-            return False
-        everything = set(self.resources) <= self.registered
-        monitored = self.health_monitor_alive or not self.nvml_available or not self.resources
-        return everything and monitored and not self.kubelet_restarting
+        return not self.not_ready

@@ -369,7 +369,7 @@ class Supervisor:
                         "plugin.updated",
                         resource=name,
                         devices=len(resource.devices),
-                        healthy=sum(d.healthy for d in resource.devices),
+                        healthy=resource.healthy_count,
                     )
                 continue
             server = PluginServer(

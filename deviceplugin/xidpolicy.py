@@ -137,6 +137,12 @@ def _xid_list(
         elif item.isascii() and item.isdigit():
             numbers.add(int(item))
         else:
-            log_event(logger, "health.config.skipped", logging.WARNING, variable=name, value=item,
-                      hint="not an Xid number")
+            log_event(
+                logger,
+                "health.config.skipped",
+                logging.WARNING,
+                variable=name,
+                value=item,
+                hint="not an Xid number",
+            )
     return frozenset(numbers), every

@@ -159,7 +159,6 @@ class EventFile:
         return events
 
 
-
 class EventFileWatch:
     """Lets a simulated event wait sleep until the events file's directory is written, as
     NVML's wait sleeps in the driver, instead of waking every few milliseconds to look.
@@ -186,9 +185,14 @@ class EventFileWatch:
             try:
                 fd = _inotify(self._directory, self._MASK)
             except OSError as err:
-                log_event(logger, "sim.event.unwatched", logging.WARNING,
-                          path=str(self._directory), error=str(err),
-                          fallback=f"polling every {self.POLL_S * 1000:.0f} ms")
+                log_event(
+                    logger,
+                    "sim.event.unwatched",
+                    logging.WARNING,
+                    path=str(self._directory),
+                    error=str(err),
+                    fallback=f"polling every {self.POLL_S * 1000:.0f} ms",
+                )
                 return
             self._fd, self._closer = fd, weakref.finalize(self, os.close, fd)
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from deviceplugin.server import close_unix, listen_unix
 from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 SUPPORTED_VERSIONS = ("v1beta1",)
@@ -101,21 +102,17 @@ class KubeletEmulator(api_pb2_grpc.RegistrationServicer):
             with contextlib.suppress(FileNotFoundError):
                 if stat.S_ISSOCK(entry.lstat().st_mode):
                     entry.unlink()
-        server = grpc.aio.server()
-        api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        await server.start()
-        self._server = server
+        self._server = await listen_unix(
+            self.socket,
+            lambda server: api_pb2_grpc.add_RegistrationServicer_to_server(self, server),
+        )
 
     async def stop(self) -> None:
         """Stop serving and drop every plugin connection; kubelet.sock goes away."""
         server, self._server = self._server, None
-        if server is not None:
-            await server.stop(0)
+        await close_unix(server, self.socket, 0)
         for endpoint in self.endpoints.values():
             await self._disconnect(endpoint)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
         await self._notify()
 
     async def restart(self) -> None:

@@ -9,13 +9,13 @@ kubelet with those features off.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from pathlib import Path
 
 import grpc
 
 from deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc
+from deviceplugin.server import close_unix, listen_unix
 
 # (namespace, pod) -> container -> resource -> device IDs, in the order they were assigned
 _Assignments = dict[tuple[str, str], dict[str, dict[str, list[str]]]]
@@ -37,21 +37,15 @@ class PodResourcesEmulator(api_pb2_grpc.PodResourcesListerServicer):
     async def start(self) -> None:
         """Listen on a fresh socket (a stale one is removed, as the kubelet does)."""
         self.socket.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
-        server = grpc.aio.server()
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)
-        server.add_insecure_port(f"unix://{self.socket}")
-        await server.start()
-        self._server = server
+        self._server = await listen_unix(
+            self.socket,
+            lambda server: api_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server),
+        )
 
     async def stop(self) -> None:
         """Stop serving; the socket goes away."""
         server, self._server = self._server, None
-        if server is not None:
-            await server.stop(0)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
+        await close_unix(server, self.socket, 0)
 
     def assign(
         self, namespace: str, pod: str, container: str, resource: str, device_ids: Sequence[str]
