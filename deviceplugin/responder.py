@@ -7,14 +7,15 @@ preferred allocation never fails the kubelet's call: topology.py falls back to a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 from deviceplugin.allocation import AllocateOptions, ContainerResponse, allocate
-from deviceplugin.config import Config
+from deviceplugin.config import Config, SharedDevicesAllocationPolicy
 from deviceplugin.devices import Inventory
 from deviceplugin.hostdevices import HostDevices
 from deviceplugin.resources import ResourceSet
-from deviceplugin.topology import preferred_allocation
+from deviceplugin.topology import index_for, preferred_allocation
 from deviceplugin.v1beta1 import api_pb2
 
 
@@ -50,14 +51,21 @@ class NodeAllocator:
         self._options = AllocateOptions.from_config(config)
         self._policy = config.flags.plugin.shared_devices_allocation_policy
 
-    def configure(self, config: Config, inventory: Inventory | None = None) -> None:
-        """Adopt a new config (and inventory); raises ConfigError for unusable options."""
-        options = AllocateOptions.from_config(config)
-        self._options = options
-        self._policy = config.flags.plugin.shared_devices_allocation_policy
-        if inventory is not None and inventory != self._inventory:
+    def configure(self, options: AllocateOptions, policy: SharedDevicesAllocationPolicy) -> None:
+        """Adopt the options of a new config (validated by the caller when it built them)."""
+        self._options, self._policy = options, policy
+
+    def use_inventory(self, inventory: Inventory) -> None:
+        """Adopt a rediscovered inventory; host facts are read again on the next Allocate."""
+        if inventory != self._inventory:
             self._inventory = inventory
             self._host.refresh()
+
+    def prepare(self, resource: ResourceSet) -> None:
+        """Index a new resource set for preferred allocation now, not on the kubelet's call.
+        A failure is left for `preferred`, which falls back to a simple choice."""
+        with contextlib.suppress(Exception):
+            index_for(resource, self._inventory)
 
     def allocate(
         self, resource: ResourceSet, container_requests: Sequence[Sequence[str]]

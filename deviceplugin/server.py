@@ -35,6 +35,8 @@ OPTIONS = api_pb2.DevicePluginOptions(
 class Allocator(Protocol):
     """What the server needs from the allocation code, for the resource it serves."""
 
+    def prepare(self, resource: ResourceSet) -> None: ...
+
     def allocate(
         self, resource: ResourceSet, container_requests: Sequence[Sequence[str]]
     ) -> api_pb2.AllocateResponse: ...
@@ -134,6 +136,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     async def start(self) -> None:
         """Remove a stale socket, listen, and serve; returns once the socket accepts calls."""
         self._closing = False
+        self._allocator.prepare(self._resource)
         self._server = await listen_unix(
             self._socket,
             lambda server: api_pb2_grpc.add_DevicePluginServicer_to_server(self, server),
@@ -153,6 +156,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
             return False
         self._resource = resource
         self._message = list_response(resource)
+        self._allocator.prepare(resource)
         self._generation += 1
         async with self._changed:
             self._changed.notify_all()

@@ -29,7 +29,7 @@ from deviceplugin.log import log_event
 from deviceplugin.metrics import Metrics
 from deviceplugin.nvml import Nvml, open_nvml
 from deviceplugin.registrar import Registrar
-from deviceplugin.resources import ResourceSet, apply_health, build_plan
+from deviceplugin.resources import Plan, ResourceSet, apply_health, build_plan
 from deviceplugin.responder import NodeAllocator
 from deviceplugin.server import PluginServer
 from deviceplugin.status import Status
@@ -76,7 +76,7 @@ class Supervisor:
         self._socket_names: frozenset[str] = frozenset()  # read by watcher threads
         self._registrar = Registrar(settings.kubelet_dir, self.metrics)
         self._monitor: HealthMonitor | None = None
-        self._allocator: NodeAllocator | None = None
+        self._allocator = NodeAllocator(Config())  # configured by every adopted config
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self._stopping = False
@@ -91,7 +91,7 @@ class Supervisor:
         policy = HealthPolicy.from_env(self.settings.env)
         recovery_after = parse_duration(self.settings.health_recovery_after)
         parsed, text = self._read_config()
-        self._adopt_config(parsed, text)
+        self._adopt_config(parsed, text, AllocateOptions.from_config(parsed.config))
         config = parsed.config
         self._prepare_kubelet_dir()
         try:
@@ -110,13 +110,9 @@ class Supervisor:
             )
             self._started = True
             return
-        self._inventory = await asyncio.to_thread(discover, self._nvml)
-        self._allocator_or_fail().configure(config, self._inventory)
-        self.metrics.set_driver_version(self._inventory.driver_version)
-        plan = build_plan(self._inventory, config)
-        self._planned = dict(plan.resources)
-        for warning in plan.warnings:
-            log_event(logger, "resources.skipped", logging.WARNING, detail=warning)
+        inventory = await asyncio.to_thread(discover, self._nvml)
+        self.metrics.set_driver_version(inventory.driver_version)
+        self._adopt_inventory(inventory, build_plan(inventory, config))
         async with self._lock:
             await self._reconcile()
         self._start_monitor(policy, recovery_after)
@@ -180,18 +176,15 @@ class Supervisor:
                 return False
             try:
                 parsed = self._parse(text)
-                AllocateOptions.from_config(parsed.config)  # refuse unusable options up front
+                options = AllocateOptions.from_config(parsed.config)  # unusable ones are refused
                 inventory = await self._discover()
                 plan = build_plan(inventory, parsed.config) if inventory else None
             except (ConfigError, DiscoveryError, NvmlError) as exc:
                 self._reject(trigger, exc, text)
                 return False
             if inventory is not None and plan is not None:
-                self._inventory = inventory
-                self._planned = dict(plan.resources)
-            self._adopt_config(parsed, text)
-            if inventory is not None and self._monitor is not None:
-                self._monitor.update_inventory(inventory)
+                self._adopt_inventory(inventory, plan)
+            self._adopt_config(parsed, text, options)
             self.metrics.config_reloads.labels("applied").inc()
             await self._reconcile()
             return True
@@ -210,11 +203,7 @@ class Supervisor:
                 log_event(logger, "inventory.rejected", logging.WARNING, error=str(exc))
                 return False
             log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
-            self._inventory = inventory
-            self._planned = dict(plan.resources)
-            self._allocator_or_fail().configure(self.config, inventory)
-            if self._monitor is not None:
-                self._monitor.update_inventory(inventory)
+            self._adopt_inventory(inventory, plan)
             await self._reconcile()
             return True
 
@@ -292,13 +281,12 @@ class Supervisor:
             text, self.settings.config_file, self.settings.overrides, self.settings.env
         )
 
-    def _adopt_config(self, parsed: ParsedConfig, text: str) -> None:
+    def _adopt_config(self, parsed: ParsedConfig, text: str, options: AllocateOptions) -> None:
         self._parsed, self._config_text, self._rejected_text = parsed, text, None
         self._last_config_error = None
-        if self._allocator is None:
-            self._allocator = NodeAllocator(parsed.config, self._inventory)
-        else:
-            self._allocator.configure(parsed.config, self._inventory)
+        self._allocator.configure(
+            options, parsed.config.flags.plugin.shared_devices_allocation_policy
+        )
         for warning in parsed.warnings:
             log_event(logger, "config.warning", logging.WARNING, detail=warning)
         log_event(
@@ -307,6 +295,16 @@ class Supervisor:
             source=self.settings.config_file or "defaults",
             config=parsed.config.model_dump(mode="json", by_alias=True),
         )
+
+    def _adopt_inventory(self, inventory: Inventory, plan: Plan) -> None:
+        """Make a new inventory, and the resources planned from it, the desired state."""
+        self._inventory = inventory
+        self._planned = dict(plan.resources)
+        self._allocator.use_inventory(inventory)
+        if self._monitor is not None:
+            self._monitor.update_inventory(inventory)
+        for warning in plan.warnings:
+            log_event(logger, "resources.skipped", logging.WARNING, detail=warning)
 
     def _reject(self, trigger: str, exc: Exception, text: str) -> None:
         self._rejected_text = text
@@ -375,7 +373,7 @@ class Supervisor:
             server = PluginServer(
                 resource,
                 self.settings.kubelet_dir,
-                self._allocator_or_fail(),
+                self._allocator,
                 observer=self.metrics,
             )
             await server.start()
@@ -383,8 +381,3 @@ class Supervisor:
             self._registrar.register(server)
         self._socket_names = frozenset(s.socket_path.name for s in self._servers.values())
         self.metrics.set_resources(desired)
-
-    def _allocator_or_fail(self) -> NodeAllocator:
-        if self._allocator is None:
-            raise RuntimeError("no config adopted before serving")
-        return self._allocator

@@ -14,7 +14,7 @@ PCIe relation discovery could not read (SYSTEM by default) still rank same-node 
 
 Use: `build_index(resource, inventory)` once per resource update, then `index.preferred(...)` on
 each GetPreferredAllocation; `preferred_allocation(...)` does both through a small cache keyed by
-the identity of the (resource, inventory) pair.
+the identity of the (resource, inventory) pair, which `index_for` fills ahead of the first call.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def preferred_allocation(
     if size <= 0:
         return []
     try:
-        index = _cached_index(resource, inventory)
+        index = index_for(resource, inventory)
     except Exception as error:
         return fallback(resource, available, must_include, size, error)
     return index.preferred(available, must_include, size, policy)
@@ -175,7 +175,7 @@ def preferred_allocation(
 _indexes: dict[tuple[int, int], tuple[ResourceSet, Inventory, TopologyIndex]] = {}
 
 
-def _cached_index(resource: ResourceSet, inventory: Inventory) -> TopologyIndex:
+def index_for(resource: ResourceSet, inventory: Inventory) -> TopologyIndex:
     """build_index memoised on argument identity: resource sets and inventories are frozen and
     replaced on every change, so identity marks a change exactly and costs nothing to check
     (hashing 1,792 devices would cost more than the allocation). The entry holds the arguments,
