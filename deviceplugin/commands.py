@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from deviceplugin.cli import Settings
 from deviceplugin.config import parse_config, summary
+from deviceplugin.config_keys import read_text
 from deviceplugin.errors import ConfigError
 
 
@@ -14,18 +14,11 @@ def validate_config(settings: Settings) -> int:
     """Exit 0 with a one-line summary when FILE is valid; 2 naming the offending field if not."""
     path = settings.path or ""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        print(f"{path}: cannot read: {exc.strerror}", file=sys.stderr)
-        return 2
-    except UnicodeDecodeError:
-        print(f"{path}: cannot read: not UTF-8 text", file=sys.stderr)
-        return 2
-    try:
-        parsed = parse_config(text, source=path)
+        parsed = parse_config(read_text(path), source=path)
     except ConfigError as exc:
-        # A syntax error's message already names the file; a field error names the field.
-        print(f"{path}: invalid: {exc}" if exc.path else f"invalid: {exc}", file=sys.stderr)
+        # Read and syntax errors already name the file; a field error names only the field.
+        message = str(exc) if str(exc).startswith(path) else f"{path}: {exc}"
+        print(f"invalid: {message}", file=sys.stderr)
         return 2
     for warning in parsed.warnings:
         print(f"{path}: warning: {warning}", file=sys.stderr)

@@ -144,15 +144,19 @@ _Loader.add_implicit_resolver(
 )
 
 
-def read_file(path: str) -> dict[str, object]:
-    """`read_document` on a file's text; a file that cannot be read is an error naming it."""
+def read_text(path: str) -> str:
+    """A config file's text; a file that cannot be read is an error naming it and why."""
     try:
         with open(path, encoding="utf-8") as file:
-            text = file.read()
+            return file.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise ConfigError(path, f"cannot read config file: {reason}") from exc
-    return read_document(text, path)
+
+
+def read_file(path: str) -> dict[str, object]:
+    """`read_document` on a file's text."""
+    return read_document(read_text(path), path)
 
 
 def read_document(text: str, source: str) -> dict[str, object]:

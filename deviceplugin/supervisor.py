@@ -15,12 +15,12 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import replace
-from pathlib import Path
 
 from deviceplugin.allocation import AllocateOptions
 from deviceplugin.background import spawn
 from deviceplugin.cli import Settings
 from deviceplugin.config import Config, ParsedConfig, load_config_text
+from deviceplugin.config_keys import read_text
 from deviceplugin.devices import Inventory, Link
 from deviceplugin.discovery import discover
 from deviceplugin.errors import ConfigError, DevicePluginError, DiscoveryError, NvmlError
@@ -268,12 +268,7 @@ class Supervisor:
         path = self.settings.config_file
         if not path:
             return ""
-        try:
-            return Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError("", f"cannot read config file {path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ConfigError("", f"cannot read config file {path}: not UTF-8 text") from None
+        return read_text(path)
 
     def _parse(self, text: str) -> ParsedConfig:
         """The file's content with flag and environment overrides applied."""
