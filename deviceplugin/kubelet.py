@@ -23,9 +23,12 @@ logger = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
+REGISTER_TIMEOUT = 5.0  # seconds for one Register, the kubelet's dial-back included
+FIRST_RETRY_DELAY = 0.1  # then doubling, up to
+MAX_RETRY_DELAY = 5.0
 
 
-async def register(kubelet_dir: Path, endpoint: str, resource: str, timeout: float = 5.0) -> None:
+async def register(kubelet_dir: Path, endpoint: str, resource: str) -> None:
     """Register `resource`, served on `<kubelet_dir>/<endpoint>`, with the kubelet once."""
     socket = kubelet_dir / KUBELET_SOCKET
     if not socket.exists():
@@ -36,7 +39,7 @@ async def register(kubelet_dir: Path, endpoint: str, resource: str, timeout: flo
     try:
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)
-            await stub.Register(request, timeout=timeout, wait_for_ready=False)
+            await stub.Register(request, timeout=REGISTER_TIMEOUT, wait_for_ready=False)
     except grpc.aio.AioRpcError as exc:
         raise RegistrationError(
             f"kubelet refused {resource}: {exc.code().name}: {exc.details()}"
@@ -47,8 +50,6 @@ async def register_until_done(
     kubelet_dir: Path,
     endpoint: str,
     resource: str,
-    first_delay: float = 0.1,
-    max_delay: float = 5.0,
     on_failure: Callable[[], None] | None = None,
 ) -> int:
     """Register, retrying with exponential backoff until the kubelet accepts; returns attempts.
@@ -56,7 +57,7 @@ async def register_until_done(
     Runs until it succeeds or is cancelled: a kubelet that is down now is expected back.
     `on_failure` is called after each failed attempt (the registration-failure metric).
     """
-    delay = first_delay
+    delay = FIRST_RETRY_DELAY
     attempt = 0
     while True:
         attempt += 1
@@ -77,4 +78,4 @@ async def register_until_done(
             if on_failure is not None:
                 on_failure()
         await asyncio.sleep(delay)
-        delay = min(max_delay, delay * 2)
+        delay = min(MAX_RETRY_DELAY, delay * 2)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.devices import strip_replica
 from deviceplugin.errors import PodResourcesError
+from deviceplugin.kubelet import KUBELET_SOCKET
 from deviceplugin.podresources.v1 import api_pb2, api_pb2_grpc
 
 LIST_TIMEOUT_SECONDS = 2.0
@@ -32,11 +32,6 @@ class PodDevice:
     resource: str
     device_id: str
 
-    @property
-    def physical_uuid(self) -> str:
-        """The GPU or MIG UUID behind the ID (a replica's `::<n>` removed)."""
-        return strip_replica(self.device_id)
-
 
 class PodDevices:
     """Every device the kubelet reports as held, looked up by (resource, device ID).
@@ -46,9 +41,8 @@ class PodDevices:
     """
 
     def __init__(self, entries: Iterable[PodDevice]) -> None:
-        self.entries = tuple(entries)
         self._index: dict[tuple[str, str], list[PodDevice]] = {}
-        for entry in self.entries:
+        for entry in entries:
             self._index.setdefault((entry.resource, entry.device_id), []).append(entry)
 
     def holders(self, resource: str, device_id: str) -> tuple[PodDevice, ...]:
@@ -58,7 +52,7 @@ class PodDevices:
 def pod_resources_socket(kubelet_dir: Path) -> Path:
     """`<kubelet-dir>/../pod-resources/kubelet.sock`: the kubelet's own path for the default
     `/var/lib/kubelet/device-plugins`, and a sibling of any other directory (tests, demo)."""
-    return kubelet_dir.parent / "pod-resources" / "kubelet.sock"
+    return kubelet_dir.parent / "pod-resources" / KUBELET_SOCKET
 
 
 def pod_devices(response: api_pb2.ListPodResourcesResponse) -> PodDevices:

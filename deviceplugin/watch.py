@@ -23,6 +23,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from deviceplugin.background import spawn
+from deviceplugin.kubelet import KUBELET_SOCKET
 from deviceplugin.log import log_event
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class Watchers:
 
         def wanted(event: FileSystemEvent) -> bool:
             names = _names(event)
-            if "kubelet.sock" in names and event.event_type in ("created", "moved", "deleted"):
+            if KUBELET_SOCKET in names and event.event_type in ("created", "moved", "deleted"):
                 return True
             return event.event_type in ("deleted", "moved") and bool(names & our_sockets())
 
