@@ -10,12 +10,12 @@ at every ID), and reports the ratio, which travels between machines better than 
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 
+from bench import report
 from deviceplugin.devices import Device, Gpu, Inventory, Link, MigDevice, PcieLevel
 from deviceplugin.resources import ResourceSet
 from deviceplugin.topology import Policy, preferred_allocation
@@ -102,15 +102,14 @@ def _measure(case: Case, yardstick: list[str]) -> dict[str, float]:
         sorted(yardstick)
         baseline.append(time.perf_counter_ns() - middle)
         calls.append(middle - started)
-    calls.sort()
-    median = statistics.median(calls)
-    base = statistics.median(baseline)
+    median = report.median(calls)
+    base = report.median(baseline)
     return {
         "ids": len(case.resource.devices),
         "available": len(case.available),
         "first_call_ms": first / 1e6,
         "median_ms": median / 1e6,
-        "p99_ms": calls[int(len(calls) * 0.99) - 1] / 1e6,
+        "p99_ms": report.p99(calls) / 1e6,
         "baseline_median_ms": base / 1e6,
         "ratio": median / base if base else 0.0,
     }

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import platform
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,10 +40,7 @@ class Figure:
         return "pass" if self.value <= self.target else "miss"
 
 
-def median(samples: Sequence[float]) -> float:
-    ordered = sorted(samples)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+median = statistics.median
 
 
 def p99(samples: Sequence[float]) -> float:

@@ -61,24 +61,31 @@ class Run:
         """Wait for a kubelet-visible state; the monotonic time it was seen."""
         if not await self.kubelet.wait_for(predicate, TIMEOUT):
             state = "exited" if not self.child.alive() else "running"
-            raise BenchError(f"{what} not seen in {TIMEOUT:.0f} s (serve {state}):\n"
-                             f"{self.child.tail()}")
+            raise BenchError(
+                f"{what} not seen in {TIMEOUT:.0f} s (serve {state}):\n{self.child.tail()}"
+            )
         return time.monotonic()
 
-    def registered(self, since: float, expected: Mapping[str, int] | None = None
-                   ) -> Callable[[], bool]:
+    def registered(self, since: float) -> Callable[[], bool]:
         """Every resource registered after `since` and its first list received in full."""
-        return registered(self.kubelet, expected or self.setup.expected, since)
+        return registered(self.kubelet, self.setup.expected, since)
 
 
-def registered(kubelet: KubeletEmulator, expected: Mapping[str, int], since: float
-               ) -> Callable[[], bool]:
+def registered(
+    kubelet: KubeletEmulator, expected: Mapping[str, int], since: float
+) -> Callable[[], bool]:
     """A predicate: each expected resource registered after `since`, its list in full."""
+
     def check() -> bool:
         for name, count in expected.items():
             endpoint = kubelet.endpoints.get(name)
-            if (endpoint is None or not endpoint.connected or endpoint.registered_at < since
-                    or endpoint.updates == 0 or len(endpoint.devices) != count):
+            if (
+                endpoint is None
+                or not endpoint.connected
+                or endpoint.registered_at < since
+                or endpoint.updates == 0
+                or len(endpoint.devices) != count
+            ):
                 return False
         return True
 
@@ -105,8 +112,13 @@ async def running(root: Path, name: str, make: Callable[[Path], NodeSetup]) -> A
 
 
 @contextlib.asynccontextmanager
-async def echo_server(kubelet: KubeletEmulator, log_dir: Path, name: str, answers: Path | None,
-                      register_as: str | None = None) -> AsyncIterator[process.Child]:
+async def echo_server(
+    kubelet: KubeletEmulator,
+    log_dir: Path,
+    name: str,
+    answers: Path | None,
+    register_as: str | None = None,
+) -> AsyncIterator[process.Child]:
     """An echo process on <kubelet dir>/<name>, ready for calls (and registered, if asked)."""
     socket = kubelet.directory / name
     child = process.echo(log_dir, socket, answers, register_as)
@@ -177,8 +189,9 @@ def _ms(samples: list[float]) -> list[float]:
 # --- start-up ---------------------------------------------------------------------------------
 
 
-async def start_to_registered(root: Path, name: str, make: Callable[[Path], NodeSetup]
-                              ) -> list[float]:
+async def start_to_registered(
+    root: Path, name: str, make: Callable[[Path], NodeSetup]
+) -> list[float]:
     """Seconds from fork to every resource's first full list at the kubelet, REPEATS times."""
     samples = []
     for i in range(REPEATS):
@@ -211,10 +224,24 @@ async def startup(root: Path) -> list[Figure]:
     default = await start_to_registered(root, "start", default_node)
     large = await start_to_registered(root, "large", large_node)
     return [
-        Figure("start → every resource registered (a100-80gb-x8-mixed, 36 IDs)", median(default),
-               "s", target=1.0, baseline=floor, baseline_label=label, samples=default),
-        Figure("1,792 IDs: start → registered", median(large), "s", target=2.0, baseline=floor,
-               baseline_label=label, samples=large),
+        Figure(
+            "start → every resource registered (a100-80gb-x8-mixed, 36 IDs)",
+            median(default),
+            "s",
+            target=1.0,
+            baseline=floor,
+            baseline_label=label,
+            samples=default,
+        ),
+        Figure(
+            "1,792 IDs: start → registered",
+            median(large),
+            "s",
+            target=2.0,
+            baseline=floor,
+            baseline_label=label,
+            samples=large,
+        ),
     ]
 
 
@@ -227,12 +254,14 @@ async def default_node_figures(root: Path) -> list[Figure]:
     figures: list[Figure] = []
     async with running(root, "main", default_node) as run:
         await run.until(run.registered(run.child.started), "registration")
-        async with echo_server(run.kubelet, run.directory, "idle.sock", None,
-                               ECHO_RESOURCE) as echo:
+        async with echo_server(
+            run.kubelet, run.directory, "idle.sock", None, ECHO_RESOURCE
+        ) as echo:
             figures += await _idle(run, echo)
         answers, requests = await _allocate_answers(run)
-        async with echo_server(run.kubelet, run.directory, "echo.sock", answers,
-                               ECHO_RESOURCE) as echo:
+        async with echo_server(
+            run.kubelet, run.directory, "echo.sock", answers, ECHO_RESOURCE
+        ) as echo:
             figures += await _allocate(run, requests, echo)
             push = await _echo_push(run)
             figures.append(await _xid(run, push))
@@ -248,18 +277,27 @@ async def _idle(run: Run, echo: process.Child) -> list[Figure]:
     await asyncio.sleep(IDLE_SECONDS)
     used, echo_used = run.child.cpu_seconds() - before, echo.cpu_seconds() - echo_before
     return [
-        Figure(f"CPU over {IDLE_SECONDS:.0f} s idle after registration", used, "CPU s",
-               target=0.05, baseline=echo_used, baseline_label="echo, same window"),
-        Figure("RSS idle after registration", rss, "MiB", baseline=echo_rss,
-               baseline_label="echo"),
+        Figure(
+            f"CPU over {IDLE_SECONDS:.0f} s idle after registration",
+            used,
+            "CPU s",
+            target=0.05,
+            baseline=echo_used,
+            baseline_label="echo, same window",
+        ),
+        Figure("RSS idle after registration", rss, "MiB", baseline=echo_rss, baseline_label="echo"),
     ]
 
 
 async def _allocate_answers(run: Run) -> tuple[Path, list[api_pb2.AllocateRequest]]:
     """One request per advertised GPU replica, and the plugin's own answers for the echo."""
     ids = sorted(run.kubelet.devices("nvidia.com/gpu"))
-    requests = [api_pb2.AllocateRequest(
-        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[i])]) for i in ids]
+    requests = [
+        api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[i])]
+        )
+        for i in ids
+    ]
     channel, plugin = stub(run.socket("nvidia.com/gpu"))
     async with channel:
         answer = await plugin.Allocate(requests[0])
@@ -271,25 +309,40 @@ async def _allocate_answers(run: Run) -> tuple[Path, list[api_pb2.AllocateReques
     return answers, requests
 
 
-async def _allocate(run: Run, requests: list[api_pb2.AllocateRequest], echo_child: process.Child
-                    ) -> list[Figure]:
+async def _allocate(
+    run: Run, requests: list[api_pb2.AllocateRequest], echo_child: process.Child
+) -> list[Figure]:
     plugin_channel, plugin = stub(run.socket("nvidia.com/gpu"))
     echo_channel, echo = stub(run.kubelet.directory / "echo.sock")
     async with plugin_channel, echo_channel:
-        times = await interleaved({
-            "plugin": lambda i: plugin.Allocate(requests[i % len(requests)]),
-            "echo": lambda i: echo.Allocate(requests[i % len(requests)]),
-        }, ALLOCATES)
+        times = await interleaved(
+            {
+                "plugin": lambda i: plugin.Allocate(requests[i % len(requests)]),
+                "echo": lambda i: echo.Allocate(requests[i % len(requests)]),
+            },
+            ALLOCATES,
+        )
     rss, echo_rss = run.child.rss_bytes() / MIB, echo_child.rss_bytes() / MIB
     ours, base = _ms(times["plugin"]), _ms(times["echo"])
     return [
-        Figure("Allocate median (1 device, over gRPC)", median(ours), "ms", baseline=median(base),
-               baseline_label="echo"),
+        Figure(
+            "Allocate median (1 device, over gRPC)",
+            median(ours),
+            "ms",
+            baseline=median(base),
+            baseline_label="echo",
+        ),
         Figure("Allocate p99", p99(ours), "ms", baseline=p99(base), baseline_label="echo"),
         Figure("Allocate median ÷ echo median", median(ours) / median(base), "x", target=1.3),
         Figure("Allocate p99 ÷ echo p99", p99(ours) / p99(base), "x"),
-        Figure(f"RSS after {ALLOCATES:,} Allocates (+{WARMUP} warm-up)", rss, "MiB",
-               target=60.0, baseline=echo_rss, baseline_label="echo, same calls"),
+        Figure(
+            f"RSS after {ALLOCATES:,} Allocates (+{WARMUP} warm-up)",
+            rss,
+            "MiB",
+            target=60.0,
+            baseline=echo_rss,
+            baseline_label="echo, same calls",
+        ),
     ]
 
 
@@ -326,9 +379,15 @@ async def _xid(run: Run, push: float) -> Figure:
             events.write(json.dumps({"uuid": device.split("::")[0], "xid": 94}) + "\n")
         seen = await run.until(_unhealthy(run.kubelet, MIG_RESOURCE, device), "Unhealthy")
         samples.append(seen - began)
-    return Figure("Xid line appended → Unhealthy at the kubelet", median(_ms(samples)), "ms",
-                  target=50.0, baseline=push * 1000, baseline_label="bare list push (echo)",
-                  samples=_ms(samples))
+    return Figure(
+        "Xid line appended → Unhealthy at the kubelet",
+        median(_ms(samples)),
+        "ms",
+        target=50.0,
+        baseline=push * 1000,
+        baseline_label="bare list push (echo)",
+        samples=_ms(samples),
+    )
 
 
 async def _configmap(run: Run, push: float) -> Figure:
@@ -346,9 +405,15 @@ async def _configmap(run: Run, push: float) -> Figure:
         samples.append(seen - began)
         swap_replicas(run.directory, 2)
         await run.until(gpus(8), "replicas 2")
-    return Figure("ConfigMap swap (replicas 2 → 4) → new list at the kubelet",
-                  median(_ms(samples)), "ms", target=500.0, baseline=push * 1000,
-                  baseline_label="bare list push (echo)", samples=_ms(samples))
+    return Figure(
+        "ConfigMap swap (replicas 2 → 4) → new list at the kubelet",
+        median(_ms(samples)),
+        "ms",
+        target=500.0,
+        baseline=push * 1000,
+        baseline_label="bare list push (echo)",
+        samples=_ms(samples),
+    )
 
 
 async def _kubelet_restart(run: Run) -> Figure:
@@ -370,9 +435,15 @@ async def _kubelet_restart(run: Run) -> Figure:
             await register(socket, ECHO_RESOURCE)
             seen = await run.until(registered(run.kubelet, {ECHO_RESOURCE: 0}, began), "echo")
             floor.append(seen - began)
-    return Figure("kubelet.sock re-created → every resource re-registered",
-                  median(_ms(samples)), "ms", target=500.0, baseline=median(_ms(floor)),
-                  baseline_label="one Register round-trip", samples=_ms(samples))
+    return Figure(
+        "kubelet.sock re-created → every resource re-registered",
+        median(_ms(samples)),
+        "ms",
+        target=500.0,
+        baseline=median(_ms(floor)),
+        baseline_label="one Register round-trip",
+        samples=_ms(samples),
+    )
 
 
 # --- the large node -----------------------------------------------------------------------------
@@ -385,36 +456,67 @@ async def large_node_figures(root: Path) -> list[Figure]:
     async with running(root, "large-pref", large_node) as run:
         await run.until(run.registered(run.child.started), "registration")
         available = sorted(run.kubelet.devices(MIG_RESOURCE))
-        preferred = api_pb2.PreferredAllocationRequest(container_requests=[
-            api_pb2.ContainerPreferredAllocationRequest(
-                available_deviceIDs=available, allocation_size=PREFERRED_SIZE)])
-        allocates = [api_pb2.AllocateRequest(container_requests=[
-            api_pb2.ContainerAllocateRequest(devices_ids=[i])]) for i in available]
+        preferred = api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available, allocation_size=PREFERRED_SIZE
+                )
+            ]
+        )
+        allocates = [
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[i])]
+            )
+            for i in available
+        ]
         channel, plugin = stub(run.socket(MIG_RESOURCE))
         async with channel:
             answers = write_answers(
                 run.directory / "answers",
                 GetPreferredAllocation=await plugin.GetPreferredAllocation(preferred),
-                Allocate=await plugin.Allocate(allocates[0]))
+                Allocate=await plugin.Allocate(allocates[0]),
+            )
             async with echo_server(run.kubelet, run.directory, "echo.sock", answers):
                 echo_channel, echo = stub(run.kubelet.directory / "echo.sock")
                 async with echo_channel:
-                    chosen = await interleaved({
-                        "plugin": lambda _i: plugin.GetPreferredAllocation(preferred),
-                        "echo": lambda _i: echo.GetPreferredAllocation(preferred),
-                    }, PREFERRED_CALLS)
-                    allocated = await interleaved({
-                        "plugin": lambda i: plugin.Allocate(allocates[i * 7 % len(allocates)]),
-                        "echo": lambda i: echo.Allocate(allocates[i * 7 % len(allocates)]),
-                    }, LARGE_ALLOCATES)
+                    chosen = await interleaved(
+                        {
+                            "plugin": lambda _i: plugin.GetPreferredAllocation(preferred),
+                            "echo": lambda _i: echo.GetPreferredAllocation(preferred),
+                        },
+                        PREFERRED_CALLS,
+                    )
+                    allocated = await interleaved(
+                        {
+                            "plugin": lambda i: plugin.Allocate(allocates[i * 7 % len(allocates)]),
+                            "echo": lambda i: echo.Allocate(allocates[i * 7 % len(allocates)]),
+                        },
+                        LARGE_ALLOCATES,
+                    )
         rss = run.child.rss_bytes() / MIB
     ours, base = _ms(chosen["plugin"]), _ms(chosen["echo"])
     return [
-        Figure("1,792 IDs: preferred allocation of 8 over gRPC, median", median(ours), "ms",
-               target=20.0, baseline=median(base), baseline_label="echo"),
-        Figure("1,792 IDs: preferred allocation of 8 over gRPC, p99", p99(ours), "ms",
-               target=20.0, baseline=p99(base), baseline_label="echo"),
-        Figure("1,792 IDs: Allocate median ÷ echo median",
-               median(allocated["plugin"]) / median(allocated["echo"]), "x", target=1.3),
+        Figure(
+            "1,792 IDs: preferred allocation of 8 over gRPC, median",
+            median(ours),
+            "ms",
+            target=20.0,
+            baseline=median(base),
+            baseline_label="echo",
+        ),
+        Figure(
+            "1,792 IDs: preferred allocation of 8 over gRPC, p99",
+            p99(ours),
+            "ms",
+            target=20.0,
+            baseline=p99(base),
+            baseline_label="echo",
+        ),
+        Figure(
+            "1,792 IDs: Allocate median ÷ echo median",
+            median(allocated["plugin"]) / median(allocated["echo"]),
+            "x",
+            target=1.3,
+        ),
         Figure("1,792 IDs: RSS after those calls", rss, "MiB"),
     ]
