@@ -128,7 +128,8 @@ class HealthMonitor:
         self._watched: frozenset[str] = frozenset()  # ... of which events reach us (or never can)
         self._failed: frozenset[str] = frozenset()  # ... of which registration failed
         self._unmonitored: frozenset[str] = frozenset()  # ... of which NVML has no such events
-        self._lost: set[str] = set()  # GPUs known lost: left out of the event set
+        self._lost: dict[str, float] = {}  # GPUs known lost (left out of the event set): when
+        # to check whether each answers again
         self._out: dict[str, _Out] = {}
         self._failures = 0  # consecutive event-set failures
         self._monitoring_lost = False
@@ -233,12 +234,16 @@ class HealthMonitor:
         anything: first time, after a failure, a new GPU list, a lost GPU back, a failed
         registration to retry."""
         now = time.monotonic()
-        for uuid in sorted(self._lost):
-            if not self._nvml.probe(uuid).lost:
-                self._lost.discard(uuid)
+        for uuid, due in sorted(self._lost.items()):
+            if due > now:
+                continue  # just found lost: no use asking again before `restore` has passed
+            if self._nvml.probe(uuid).lost:
+                self._lost[uuid] = now + self._timing.restore
+            else:
+                del self._lost[uuid]
                 log_event(logger, "health.gpu.back", uuid=uuid)
         gpus = [gpu.uuid for gpu in self._inventory.gpus if gpu.uuid not in self._lost]
-        self._next_open = now + self._timing.restore if self._lost else math.inf
+        self._next_open = min(self._lost.values(), default=math.inf)
         if self._events is not None and gpus == self._registered and not self._failed:
             return
         try:
@@ -268,8 +273,8 @@ class HealthMonitor:
                 self._gpu_lost(uuid, now)
             elif uuid not in self._out:
                 self._mark(uuid, uuid, failed[uuid], None, now)
-        if self._failed or self._lost:
-            self._next_open = now + self._timing.restore
+        if self._failed:
+            self._next_open = min(self._next_open, now + self._timing.restore)
         self._rearm(now)
 
     def _on_failure(self, exc: NvmlError) -> None:
@@ -319,7 +324,7 @@ class HealthMonitor:
         """Mark a lost GPU and re-register without it (its events would only fail the wait)."""
         if uuid not in self._lost:
             log_event(logger, "health.gpu.lost", logging.WARNING, uuid=uuid)
-            self._lost.add(uuid)
+            self._lost[uuid] = now + self._timing.restore
         self._mark(uuid, uuid, GPU_LOST, None, now)
         self._next_open = now
 
