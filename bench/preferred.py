@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 
 from bench import report
-from deviceplugin.devices import Device, Gpu, Inventory, Link, MigDevice, PcieLevel
-from deviceplugin.resources import ResourceSet
-from deviceplugin.topology import Policy, preferred_allocation
+from deviceplugin.model.devices import Device, Gpu, Inventory, Link, MigDevice, PcieLevel
+from deviceplugin.model.resources import ResourceSet
+from deviceplugin.model.topology import Policy, preferred_allocation
 
 CALLS = 200
 SIZE = 8

@@ -14,8 +14,9 @@ import sys
 from collections.abc import Sequence
 
 from deviceplugin.cli import Settings, parse_settings
-from deviceplugin.errors import ConfigError, DiscoveryError, NvmlError
-from deviceplugin.log import configure, log_event
+from deviceplugin.model.errors import ConfigError, DiscoveryError, NvmlError
+from deviceplugin.model.log import log_event
+from deviceplugin.ops.logs import configure
 
 logger = logging.getLogger("deviceplugin")
 

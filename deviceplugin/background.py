@@ -12,7 +12,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any
 
-from deviceplugin.log import log_exception
+from deviceplugin.model.log import log_exception
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deviceplugin import __version__
-from deviceplugin.config import ENV_OVERRIDES
-from deviceplugin.log import LogFormat
+from deviceplugin.model.config import ENV_OVERRIDES
+from deviceplugin.ops.logs import LogFormat
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 

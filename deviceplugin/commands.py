@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 
 from deviceplugin.cli import Settings
-from deviceplugin.config import parse_config, summary
-from deviceplugin.config_keys import read_text
-from deviceplugin.errors import ConfigError
+from deviceplugin.model.config import parse_config, summary
+from deviceplugin.model.config_keys import read_text
+from deviceplugin.model.errors import ConfigError
 
 
 def validate_config(settings: Settings) -> int:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from deviceplugin.cli import Settings
-from deviceplugin.metrics import Metrics
+from deviceplugin.ops.metrics import Metrics
 from deviceplugin.service import run_supervisor
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.supervisor import Supervisor
@@ -111,7 +111,9 @@ async def demo() -> int:
 
         await kubelet.restart()
         await kubelet.wait_for(
-            lambda: kubelet.allocatable("nvidia.com/mig-1g.10gb") == 28, timeout=5
+            lambda: kubelet.allocatable("nvidia.com/mig-1g.10gb") == 28
+            and kubelet.allocatable("nvidia.com/gpu") == 12,
+            timeout=5,
         )
         _say("5/5", "kubelet restarted (sockets deleted): the plugin re-registered by itself:")
         _show(kubelet)

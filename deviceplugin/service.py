@@ -15,10 +15,10 @@ from pathlib import Path
 
 from deviceplugin.background import spawn
 from deviceplugin.cli import Settings
-from deviceplugin.http import HttpServer
-from deviceplugin.log import log_event
-from deviceplugin.metrics import Metrics
-from deviceplugin.pods import pod_resources_socket
+from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
+from deviceplugin.model.log import log_event
+from deviceplugin.ops.http import HttpServer
+from deviceplugin.ops.metrics import Metrics
 from deviceplugin.supervisor import Supervisor
 from deviceplugin.watch import Watchers
 
@@ -53,7 +53,10 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
     settings = supervisor.settings
     if http is None and settings.http_address:
         http = HttpServer(
-            settings.http_address, supervisor, pod_resources_socket(settings.kubelet_dir)
+            settings.http_address,
+            supervisor,
+            pod_resources_socket(settings.kubelet_dir),
+            read_pods=read_pods,
         )
     watchers = Watchers()
     periodic: asyncio.Task[None] | None = None

@@ -16,23 +16,24 @@ import logging
 from collections.abc import Mapping
 from dataclasses import replace
 
-from deviceplugin.allocation import AllocateOptions
 from deviceplugin.background import spawn
 from deviceplugin.cli import Settings
-from deviceplugin.config import Config, ParsedConfig, load_config_text
-from deviceplugin.config_keys import read_text
-from deviceplugin.devices import Inventory, Link
-from deviceplugin.discovery import discover
-from deviceplugin.errors import ConfigError, DevicePluginError, DiscoveryError, NvmlError
-from deviceplugin.health import HealthChange, HealthMonitor, HealthPolicy, parse_duration
-from deviceplugin.log import log_event
-from deviceplugin.metrics import Metrics
-from deviceplugin.nvml import Nvml, open_nvml
-from deviceplugin.registrar import Registrar
-from deviceplugin.resources import Plan, ResourceSet, apply_health, build_plan
-from deviceplugin.responder import NodeAllocator
-from deviceplugin.server import PluginServer
-from deviceplugin.status import Status
+from deviceplugin.host import open_nvml
+from deviceplugin.kubelet.registrar import Registrar
+from deviceplugin.kubelet.responder import NodeAllocator
+from deviceplugin.kubelet.server import PluginServer
+from deviceplugin.model.allocation import AllocateOptions
+from deviceplugin.model.config import Config, ParsedConfig, load_config_text
+from deviceplugin.model.config_keys import read_text
+from deviceplugin.model.devices import Inventory, Link
+from deviceplugin.model.errors import ConfigError, DevicePluginError, DiscoveryError, NvmlError
+from deviceplugin.model.log import log_event
+from deviceplugin.model.resources import Plan, ResourceSet, apply_health, build_plan
+from deviceplugin.node.discovery import discover
+from deviceplugin.node.health import HealthChange, HealthMonitor, HealthPolicy, parse_duration
+from deviceplugin.node.nvml import Nvml
+from deviceplugin.ops.metrics import Metrics
+from deviceplugin.ops.status import Status
 
 logger = logging.getLogger(__name__)
 
@@ -341,7 +342,7 @@ class Supervisor:
             loop.call_soon_threadsafe(spawn, self.health_changed(change), "health change")
 
         self._monitor = HealthMonitor(
-            self._nvml, self._inventory, policy, report, recovery_after, metrics=self.metrics
+            self._nvml, self._inventory, policy, report, recovery_after, observer=self.metrics
         )
         self._monitor.start()
 

@@ -23,8 +23,8 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from deviceplugin.background import spawn
-from deviceplugin.kubelet import KUBELET_SOCKET
-from deviceplugin.log import log_event
+from deviceplugin.kubelet.registration import KUBELET_SOCKET
+from deviceplugin.model.log import log_event
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,10 @@ from grpc_tools import protoc
 
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
-PROTOS = ("deviceplugin/v1beta1/api.proto", "deviceplugin/podresources/v1/api.proto")
+PROTOS = (
+    "deviceplugin/kubelet/v1beta1/api.proto",
+    "deviceplugin/kubelet/podresources/v1/api.proto",
+)
 
 
 def generate(output_root: Path) -> list[Path]:

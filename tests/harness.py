@@ -15,7 +15,7 @@ from typing import Any
 
 from deviceplugin.cli import Settings
 from deviceplugin.demo import SEED_CONFIG, write_configmap
-from deviceplugin.metrics import Metrics
+from deviceplugin.ops.metrics import Metrics
 from deviceplugin.service import run_supervisor
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.supervisor import Supervisor

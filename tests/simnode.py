@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.nvml import Nvml
+from deviceplugin.node.nvml import Nvml
 from deviceplugin.sim.fake_nvml import FakeNvml
 
 

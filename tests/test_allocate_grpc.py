@@ -13,11 +13,11 @@ import grpc
 import pytest
 from test_allocation import CASES, REJECTED, Case, Rejected, lay_out_host
 
-from deviceplugin.config import Config
-from deviceplugin.resources import ResourceSet
-from deviceplugin.responder import NodeAllocator, to_proto
-from deviceplugin.server import PluginServer
-from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from deviceplugin.kubelet.responder import NodeAllocator, to_proto
+from deviceplugin.kubelet.server import PluginServer
+from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
+from deviceplugin.model.config import Config
+from deviceplugin.model.resources import ResourceSet
 
 
 async def _allocate_over_socket(

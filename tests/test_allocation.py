@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.allocation import (
+from deviceplugin.model.allocation import (
     AllocateOptions,
     ContainerResponse,
     DeviceSpec,
@@ -25,11 +25,12 @@ from deviceplugin.allocation import (
     container_response,
     validate_request,
 )
-from deviceplugin.config import Config
-from deviceplugin.devices import Device, Health, MigDevice
-from deviceplugin.errors import AllocationError, ConfigError
-from deviceplugin.hostdevices import HostDevices, parse_mig_minors
-from deviceplugin.resources import ResourceSet
+from deviceplugin.model.config import Config
+from deviceplugin.model.devices import Device, Health, MigDevice
+from deviceplugin.model.errors import AllocationError, ConfigError
+from deviceplugin.model.hostpaths import parse_mig_minors
+from deviceplugin.model.resources import ResourceSet
+from deviceplugin.node.hostdevices import HostDevices
 
 # --- the node: two whole GPUs, and GPU 2 (minor 3, so index and minor differ) with MIG on ---
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deviceplugin.config import (
+from deviceplugin.model.config import (
     ENV_OVERRIDES,
     MAX_REPLICAS,
     Config,
@@ -19,7 +19,7 @@ from deviceplugin.config import (
     parse_config,
     summary,
 )
-from deviceplugin.errors import ConfigError
+from deviceplugin.model.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 EXAMPLES = sorted(CONFIG_DIR.glob("*.yaml"))

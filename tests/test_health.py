@@ -13,18 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.devices import Gpu, Inventory, MigDevice
-from deviceplugin.errors import ConfigError, NvmlError
-from deviceplugin.health import (
+from deviceplugin.host import open_nvml
+from deviceplugin.model.devices import Gpu, Inventory, MigDevice
+from deviceplugin.model.errors import ConfigError, NvmlError
+from deviceplugin.model.xidpolicy import REFERENCE_IGNORED, xid_table
+from deviceplugin.node.health import (
     HealthChange,
     HealthMonitor,
     HealthPolicy,
     MonitorTiming,
     parse_duration,
 )
-from deviceplugin.metrics import Metrics
-from deviceplugin.nvml import EVENT_XID, EventSet, Nvml, NvmlEvent, Probe, open_nvml
-from deviceplugin.xidpolicy import REFERENCE_IGNORED, xid_table
+from deviceplugin.node.nvml import EVENT_XID, EventSet, Nvml, NvmlEvent, Probe
+from deviceplugin.ops.metrics import Metrics
 
 GPU0 = "GPU-8e2f3c10-0000-4000-8000-000000000000"
 GPU1 = "GPU-8e2f3c10-0000-4000-8000-000000000001"

@@ -22,13 +22,13 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import deviceplugin.http
+import deviceplugin.ops.http
 from deviceplugin.cli import Settings
 from deviceplugin.demo import SEED_CONFIG
-from deviceplugin.errors import ConfigError
-from deviceplugin.http import MAX_HEAD, HttpServer, parse_address
-from deviceplugin.metrics import Metrics
-from deviceplugin.pods import pod_resources_socket
+from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
+from deviceplugin.model.errors import ConfigError
+from deviceplugin.ops.http import MAX_HEAD, HttpServer, parse_address
+from deviceplugin.ops.metrics import Metrics
 from deviceplugin.service import run_supervisor
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.podresources import PodResourcesEmulator
@@ -134,7 +134,9 @@ async def running_plugin() -> AsyncIterator[Plugin]:
         env={},
     )
     supervisor = Supervisor(settings, Metrics())
-    http = HttpServer("127.0.0.1:0", supervisor, pod_resources_socket(kubelet_dir))
+    http = HttpServer(
+        "127.0.0.1:0", supervisor, pod_resources_socket(kubelet_dir), read_pods=read_pods
+    )
     task = asyncio.get_running_loop().create_task(run_supervisor(supervisor, http))
     try:
         await until(lambda: http.port is not None or task.done())
@@ -246,7 +248,7 @@ def test_readyz_follows_registration_and_kubelet_restarts() -> None:
 
 
 def test_pod_gauge_follows_the_kubelet_assignments(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(deviceplugin.http, "POD_REFRESH_SECONDS", 0.3)
+    monkeypatch.setattr(deviceplugin.ops.http, "POD_REFRESH_SECONDS", 0.3)
 
     async def scenario() -> None:
         async with running_plugin() as plugin:
@@ -305,7 +307,9 @@ def test_answers_before_start_and_survives_garbage() -> None:
     async def scenario() -> None:
         root = Path(tempfile.mkdtemp(prefix="dp"))
         settings = Settings(command="serve", kubelet_dir=root / "device-plugins", env={})
-        http = HttpServer("127.0.0.1:0", Supervisor(settings), root / "absent.sock")
+        http = HttpServer(
+            "127.0.0.1:0", Supervisor(settings), root / "absent.sock", read_pods=read_pods
+        )
         await http.start()
         try:
             assert http.port is not None

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from deviceplugin.cli import Settings
-from deviceplugin.errors import ConfigError
-from deviceplugin.http import HttpServer
 from deviceplugin.inspect import inspect
-from deviceplugin.metrics import Metrics
-from deviceplugin.pods import pod_resources_socket
+from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
+from deviceplugin.model.errors import ConfigError
+from deviceplugin.ops.http import HttpServer
+from deviceplugin.ops.metrics import Metrics
 from deviceplugin.service import run_supervisor
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.podresources import PodResourcesEmulator
@@ -204,7 +204,9 @@ def test_from_a_live_plugin(root: Path, capsys: pytest.CaptureFixture[str]) -> N
             env={},
         )
         supervisor = Supervisor(settings, Metrics())
-        http = HttpServer("127.0.0.1:0", supervisor, pod_resources_socket(kubelet_dir))
+        http = HttpServer(
+            "127.0.0.1:0", supervisor, pod_resources_socket(kubelet_dir), read_pods=read_pods
+        )
         task = asyncio.get_running_loop().create_task(run_supervisor(supervisor, http))
         try:
             deadline = time.monotonic() + 5

@@ -1,46 +1,47 @@
-"""The architecture's rules, checked on the source: one module imports pynvml, the pure core
-imports no I/O edge, and nothing below __main__ decides to exit."""
+"""The architecture's rules, checked on the source (docs/architecture.md draws them).
+
+- `model` imports nothing of the package, and no I/O library;
+- `node` imports `model` only;
+- a front-end (`kubelet`, `ops`, `dra`) imports `model` and `node`, never another front-end;
+- `sim` imports `model`, `node` and the generated wire stubs of the APIs it emulates;
+- only the composition root (the package's top-level modules) composes them all;
+- exactly one module imports pynvml, and nothing below `__main__` calls sys.exit.
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "deviceplugin"
-GENERATED = ("v1beta1", "podresources")
-PURE_CORE = (
-    "config",
-    "config_keys",
-    "devices",
-    "errors",
-    "resources",
-    "allocation",
-    "topology",
-    "gpuset",
-    "packing",
-    "xidpolicy",
-)
-EDGES = {
-    "pynvml",
-    "grpc",
-    "watchdog",
-    "prometheus_client",
-    "deviceplugin.nvml",
-    "deviceplugin.server",
-    "deviceplugin.supervisor",
-    "deviceplugin.sim",
+FRONT_ENDS = ("kubelet", "ops", "dra")
+LAYERS = ("model", "node", *FRONT_ENDS, "sim")
+ALLOWED: dict[str, tuple[str, ...]] = {
+    "model": ("model",),
+    "node": ("model", "node"),
+    **{front_end: ("model", "node", front_end) for front_end in FRONT_ENDS},
+    "sim": ("model", "node", "sim"),
 }
+IO_LIBRARIES = ("pynvml", "grpc", "watchdog", "prometheus_client", "socket", "subprocess")
+
+
+def is_generated(relative: Path) -> bool:
+    """Generated gRPC stubs (`*_pb2.py`, `*_pb2_grpc.py`) and the packages holding them."""
+    return any(part.endswith(("_pb2", "_pb2_grpc")) for part in relative.with_suffix("").parts)
 
 
 def modules() -> dict[str, ast.Module]:
+    """Every hand-written module of the package, by dotted name below `deviceplugin`."""
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE)
-        if relative.parts[0] in GENERATED:
+        if is_generated(relative):
             continue
-        name = ".".join(relative.with_suffix("").parts)
+        parts = relative.with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
         found[name] = ast.parse(path.read_text(), filename=str(path))
     return found
 
@@ -51,8 +52,113 @@ def imported(tree: ast.Module) -> set[str]:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
+            assert node.level == 0, "the package uses absolute imports only"
             names.add(node.module)
     return names
+
+
+def layer_of(module: str) -> str:
+    """The layer of a dotted name below `deviceplugin`; "root" for the top-level modules."""
+    first = module.split(".")[0]
+    return first if first in LAYERS else "root"
+
+
+def stub_packages() -> set[str]:
+    """Dotted names of the packages that hold generated stubs (`kubelet.v1beta1`, ...)."""
+    return {
+        ".".join(path.parent.relative_to(PACKAGE).parts) for path in PACKAGE.rglob("*_pb2.py")
+    }
+
+
+def is_wire_stub(target: str) -> bool:
+    stubs = stub_packages()
+    return target in stubs or target.rpartition(".")[0] in stubs
+
+
+def violations(tree_by_module: Mapping[str, ast.Module]) -> list[str]:
+    """Every import in the given modules that breaks the layering rule, as readable lines."""
+    found = []
+    for module, tree in sorted(tree_by_module.items()):
+        layer = layer_of(module)
+        if layer == "root":
+            continue
+        for name in sorted(imported(tree)):
+            if name != "deviceplugin" and not name.startswith("deviceplugin."):
+                continue
+            target = name.removeprefix("deviceplugin").lstrip(".")
+            if not target or target == "__version__":
+                if layer in ("model", "node", "sim"):
+                    found.append(f"{module} ({layer}) imports the package root")
+                continue
+            target_layer = layer_of(target)
+            if target_layer in ALLOWED[layer]:
+                continue
+            if layer == "sim" and target_layer in FRONT_ENDS and is_wire_stub(target):
+                continue
+            found.append(f"{module} ({layer}) imports {target} ({target_layer})")
+    return found
+
+
+def test_the_package_keeps_its_layers() -> None:
+    assert violations(modules()) == []
+
+
+def test_every_layer_is_a_package_that_states_its_rule() -> None:
+    for layer in ("model", "node", "kubelet", "ops", "sim"):
+        init = PACKAGE / layer / "__init__.py"
+        assert init.exists(), f"{layer} is not a package"
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        if layer != "sim":
+            assert "May import" in docstring, f"{layer}/__init__.py does not say what it may import"
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        pytest.param(
+            "model.devices",
+            "from deviceplugin.node.nvml import Nvml",
+            "model.devices (model) imports node.nvml (node)",
+            id="model-imports-node",
+        ),
+        pytest.param(
+            "node.health",
+            "from deviceplugin.ops.metrics import Metrics",
+            "node.health (node) imports ops.metrics (ops)",
+            id="node-imports-front-end",
+        ),
+        pytest.param(
+            "kubelet.registrar",
+            "from deviceplugin.ops import metrics",
+            "kubelet.registrar (kubelet) imports ops (ops)",
+            id="front-end-imports-front-end",
+        ),
+        pytest.param(
+            "ops.http",
+            "import deviceplugin.supervisor",
+            "ops.http (ops) imports supervisor (root)",
+            id="front-end-imports-root",
+        ),
+        pytest.param(
+            "sim.kubelet",
+            "from deviceplugin.kubelet.server import PluginServer",
+            "sim.kubelet (sim) imports kubelet.server (kubelet)",
+            id="sim-imports-front-end-logic",
+        ),
+    ],
+)
+def test_a_broken_rule_is_reported(module: str, source: str, expected: str) -> None:
+    assert violations({module: ast.parse(source)}) == [expected]
+
+
+def test_allowed_imports_are_not_reported() -> None:
+    allowed = {
+        "node.discovery": ast.parse("from deviceplugin.model.devices import Gpu"),
+        "kubelet.server": ast.parse("from deviceplugin.node.unixgrpc import listen_unix"),
+        "sim.kubelet": ast.parse("from deviceplugin.kubelet.v1beta1 import api_pb2_grpc"),
+        "supervisor": ast.parse("from deviceplugin.ops.metrics import Metrics"),
+    }
+    assert violations(allowed) == []
 
 
 def test_only_the_nvml_module_imports_pynvml() -> None:
@@ -61,14 +167,17 @@ def test_only_the_nvml_module_imports_pynvml() -> None:
         for name, tree in modules().items()
         if any(n == "pynvml" or n.startswith("pynvml.") for n in imported(tree))
     )
-    assert importers == ["nvml"]
+    assert importers == ["node.nvml"]
 
 
-@pytest.mark.parametrize("module", PURE_CORE)
-def test_pure_core_imports_no_edge(module: str) -> None:
-    names = imported(modules()[module])
-    edges = {n for n in names if any(n == e or n.startswith(e + ".") for e in EDGES)}
-    assert not edges, f"{module} imports {sorted(edges)}"
+def test_the_model_imports_no_io_library() -> None:
+    model = {name: tree for name, tree in modules().items() if layer_of(name) == "model"}
+    assert len(model) > 5
+    edges = {
+        name: sorted(n for n in imported(tree) if n.split(".")[0] in IO_LIBRARIES)
+        for name, tree in model.items()
+    }
+    assert {name: found for name, found in edges.items() if found} == {}
 
 
 def test_only_main_calls_sys_exit() -> None:

@@ -167,7 +167,7 @@ def test_config_file_lives_in_the_configmap_directory_mount(ds: Doc) -> None:
 
 
 def test_configmap_config_parses() -> None:
-    from deviceplugin.config import parse_config
+    from deviceplugin.model.config import parse_config
 
     parsed = parse_config(CONFIGMAP["data"]["config.yaml"], source="manifests/configmap.yaml")
     config = parsed.config

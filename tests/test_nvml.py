@@ -13,8 +13,9 @@ import pynvml
 import pytest
 from simnode import SimNode, gpu, gpu_uuid, mig_uuid, migs
 
-from deviceplugin.errors import ConfigError, GpuLostError, NvmlError
-from deviceplugin.nvml import (
+from deviceplugin.host import open_nvml
+from deviceplugin.model.errors import ConfigError, GpuLostError, NvmlError
+from deviceplugin.node.nvml import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_XID,
     UNMONITORED,
@@ -22,7 +23,6 @@ from deviceplugin.nvml import (
     Nvml,
     NvmlEvent,
     Probe,
-    open_nvml,
 )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.v1beta1 import api_pb2
+from deviceplugin.kubelet.v1beta1 import api_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 

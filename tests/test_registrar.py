@@ -7,13 +7,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from deviceplugin.config import Config
-from deviceplugin.devices import Device
-from deviceplugin.metrics import Metrics
-from deviceplugin.registrar import Registrar
-from deviceplugin.resources import ResourceSet
-from deviceplugin.responder import NodeAllocator
-from deviceplugin.server import PluginServer
+from deviceplugin.kubelet.registrar import Registrar
+from deviceplugin.kubelet.responder import NodeAllocator
+from deviceplugin.kubelet.server import PluginServer
+from deviceplugin.model.config import Config
+from deviceplugin.model.devices import Device
+from deviceplugin.model.resources import ResourceSet
+from deviceplugin.ops.metrics import Metrics
 
 
 def test_forgetting_a_pending_reregistration_ends_the_restart() -> None:

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.config import Config
-from deviceplugin.devices import Gpu, Health, Inventory, MigDevice
-from deviceplugin.errors import ConfigError, DiscoveryError
-from deviceplugin.resources import apply_health, build_plan, socket_name
+from deviceplugin.model.config import Config
+from deviceplugin.model.devices import Gpu, Health, Inventory, MigDevice
+from deviceplugin.model.errors import ConfigError, DiscoveryError
+from deviceplugin.model.resources import apply_health, build_plan, socket_name
 
 
 def mig(gpu: int, n: int, profile: str = "1g.10gb", g: int = 1, c: int = 1) -> MigDevice:

@@ -10,9 +10,9 @@ import pynvml
 import pytest
 from simnode import SimNode, gpu, gpu_uuid, mig_uuid, migs, write_node
 
-from deviceplugin.discovery import discover
-from deviceplugin.errors import ConfigError
-from deviceplugin.nvml_api import NvmlModule
+from deviceplugin.model.errors import ConfigError
+from deviceplugin.node.discovery import discover
+from deviceplugin.node.nvml_api import NvmlModule
 from deviceplugin.sim import structs
 from deviceplugin.sim.events import SimEvent, parse_line
 from deviceplugin.sim.fake_nvml import FakeNvml

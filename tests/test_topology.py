@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceplugin import topology
-from deviceplugin.devices import Device, Gpu, Health, Inventory, Link, MigDevice, PcieLevel
-from deviceplugin.gpuset import choose_gpus
-from deviceplugin.resources import ResourceSet
-from deviceplugin.topology import build_index, pair_score, preferred_allocation
+from deviceplugin.model import topology
+from deviceplugin.model.devices import Device, Gpu, Health, Inventory, Link, MigDevice, PcieLevel
+from deviceplugin.model.gpuset import choose_gpus
+from deviceplugin.model.resources import ResourceSet
+from deviceplugin.model.topology import build_index, pair_score, preferred_allocation
 
 NV4 = Link(nvlinks=4, pcie=PcieLevel.NODE)
 
@@ -391,7 +391,7 @@ def warnings_logged() -> Iterator[list[logging.LogRecord]]:
             records.append(record)
 
     handler = Recorder(logging.WARNING)
-    logger = logging.getLogger("deviceplugin.topology")
+    logger = logging.getLogger("deviceplugin.model.topology")
     logger.addHandler(handler)
     try:
         yield records

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.log import log_event
+from deviceplugin.model.log import log_event
 from deviceplugin.sim.structs import error_code
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.server import close_unix, listen_unix
-from deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
+from deviceplugin.node.unixgrpc import close_unix, listen_unix
 
 SUPPORTED_VERSIONS = ("v1beta1",)
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.errors import ConfigError
+from deviceplugin.model.errors import ConfigError
 from deviceplugin.sim.profiles import MigShape, resolve
 
 PRESETS_DIR = Path(__file__).parent / "presets"

@@ -17,8 +17,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deviceplugin.errors import ConfigError
-from deviceplugin.log import log_event
+from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.log import log_event
 from deviceplugin.sim import structs as s
 from deviceplugin.sim.events import EventFile, EventFileWatch, SimEvent
 from deviceplugin.sim.node import Node, SimGpu, SimMig, read_node, resolve_node_path

@@ -1,0 +1,214 @@
+"""One grpc.aio DevicePlugin server per resource, on `<kubelet-dir>/<socket name>`.
+
+A PluginServer owns its socket and its current ResourceSet. `update()` swaps the set and wakes
+every open ListAndWatch stream, which then sends the full list once; the message is built once
+per change, not per stream. Allocate and GetPreferredAllocation delegate to an `Allocator`
+(pure code in allocation.py / topology.py). This is the one place that turns domain errors into
+gRPC status codes: AllocationError -> INVALID_ARGUMENT with the message, anything unexpected ->
+INTERNAL and a log line; the server keeps serving either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+
+from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
+from deviceplugin.model.errors import AllocationError
+from deviceplugin.model.log import log_event, log_exception
+from deviceplugin.model.resources import ResourceSet
+from deviceplugin.node.unixgrpc import close_unix, listen_unix
+
+logger = logging.getLogger(__name__)
+
+OPTIONS = api_pb2.DevicePluginOptions(
+    pre_start_required=False, get_preferred_allocation_available=True
+)
+
+
+class Allocator(Protocol):
+    """What the server needs from the allocation code, for the resource it serves."""
+
+    def prepare(self, resource: ResourceSet) -> None: ...
+
+    def allocate(
+        self, resource: ResourceSet, container_requests: Sequence[Sequence[str]]
+    ) -> api_pb2.AllocateResponse: ...
+
+    def preferred(
+        self,
+        resource: ResourceSet,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+    ) -> list[str]: ...
+
+
+class Observer(Protocol):
+    """Receives per-call outcomes (for metrics); every method must be cheap and never raise."""
+
+    def rpc_done(self, resource: str, method: str, seconds: float, ok: bool) -> None: ...
+
+
+class _NullObserver:
+    def rpc_done(self, resource: str, method: str, seconds: float, ok: bool) -> None:
+        return None
+
+
+def list_response(resource: ResourceSet) -> api_pb2.ListAndWatchResponse:
+    """The ListAndWatch message for a resource set, with NUMA topology where known."""
+    devices = []
+    for device in resource.devices:
+        topology = None
+        if device.numa_node is not None:
+            topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=device.numa_node)])
+        devices.append(api_pb2.Device(ID=device.id, health=device.health.value, topology=topology))
+    return api_pb2.ListAndWatchResponse(devices=devices)
+
+
+class PluginServer(api_pb2_grpc.DevicePluginServicer):
+    """The DevicePlugin service for one resource name, bound to one unix socket."""
+
+    def __init__(
+        self,
+        resource: ResourceSet,
+        kubelet_dir: Path,
+        allocator: Allocator,
+        observer: Observer | None = None,
+    ) -> None:
+        self._resource = resource
+        self._message = list_response(resource)
+        self._socket = kubelet_dir / resource.socket_name
+        self._allocator = allocator
+        self._observer: Observer = observer or _NullObserver()
+        self._server: grpc.aio.Server | None = None
+        self._generation = 0
+        self._changed = asyncio.Condition()
+        self._closing = False
+
+    @property
+    def name(self) -> str:
+        return self._resource.name
+
+    @property
+    def resource(self) -> ResourceSet:
+        return self._resource
+
+    @property
+    def socket_path(self) -> Path:
+        return self._socket
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    async def start(self) -> None:
+        """Remove a stale socket, listen, and serve; returns once the socket accepts calls."""
+        self._closing = False
+        self._allocator.prepare(self._resource)
+        self._server = await listen_unix(
+            self._socket,
+            lambda server: api_pb2_grpc.add_DevicePluginServicer_to_server(self, server),
+        )
+
+    async def stop(self, grace: float = 0.5) -> None:
+        """End open streams, stop serving, and remove our socket."""
+        self._closing = True
+        async with self._changed:
+            self._changed.notify_all()
+        server, self._server = self._server, None
+        await close_unix(server, self._socket, grace)
+
+    async def update(self, resource: ResourceSet) -> bool:
+        """Serve a new device list; open ListAndWatch streams send it. False when unchanged."""
+        if resource == self._resource:
+            return False
+        self._resource = resource
+        self._message = list_response(resource)
+        self._allocator.prepare(resource)
+        self._generation += 1
+        async with self._changed:
+            self._changed.notify_all()
+        return True
+
+    # --- the DevicePlugin service -------------------------------------------------------------
+
+    async def GetDevicePluginOptions(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.DevicePluginOptions:
+        return OPTIONS
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        sent = -1
+        while not self._closing:
+            if sent != self._generation:
+                sent = self._generation
+                yield self._message
+                continue
+            async with self._changed:
+                await self._changed.wait_for(self._news_since(sent))
+
+    def _news_since(self, sent: int) -> Callable[[], bool]:
+        """The wake-up condition of a stream that has sent generation `sent`."""
+        return lambda: self._closing or sent != self._generation
+
+    async def Allocate(
+        self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.AllocateResponse:
+        started = time.perf_counter()
+        requests = [list(container.devices_ids) for container in request.container_requests]
+        ok = False
+        try:
+            response = self._allocator.allocate(self._resource, requests)
+            ok = True
+            return response
+        except AllocationError as exc:
+            log_event(
+                logger, "allocate.refused", logging.WARNING, resource=self.name, error=str(exc)
+            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:
+            log_exception(logger, "allocate.failed", resource=self.name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"allocate failed: {exc}")
+        finally:
+            self._observer.rpc_done(self.name, "Allocate", time.perf_counter() - started, ok)
+
+    async def GetPreferredAllocation(
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> api_pb2.PreferredAllocationResponse:
+        started = time.perf_counter()
+        responses = []
+        ok = True
+        for container in request.container_requests:
+            try:
+                chosen = self._allocator.preferred(
+                    self._resource,
+                    list(container.available_deviceIDs),
+                    list(container.must_include_deviceIDs),
+                    container.allocation_size,
+                )
+            except Exception:
+                # The preference is advisory: an empty answer lets the kubelet choose, while an
+                # error here would fail the pod's admission.
+                ok = False
+                chosen = []
+                log_exception(logger, "preferred.failed", resource=self.name)
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        elapsed = time.perf_counter() - started
+        self._observer.rpc_done(self.name, "GetPreferredAllocation", elapsed, ok)
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    async def PreStartContainer(
+        self, request: api_pb2.PreStartContainerRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()

@@ -1,0 +1,43 @@
+"""Where the driver's files are, as rules: host paths under a root, and the mig-minors table.
+
+Pure functions shared by Allocate's device specs, the CDI spec and the host readers in
+`deviceplugin.node`, so every one of them names the same node for the same device.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under the proc root
+
+
+def host_path(root: str, path: str) -> str:
+    """`path` (absolute, as a container sees it) under `root` on the host, normalised."""
+    return posixpath.normpath(posixpath.join(root, path.lstrip("/")))
+
+
+def parse_mig_minors(text: str) -> dict[str, int]:
+    """`gpu3/gi1/access 30` lines -> {"gpu3/gi1/access": 30}; lines of another shape are
+    skipped, so a driver that adds new kinds of entry does not break allocation."""
+    table: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1].isdigit():
+            table[fields[0]] = int(fields[1])
+    return table
+
+
+def gpu_instance_key(gpu_minor: int, gpu_instance: int) -> str:
+    """The mig-minors key of a GPU instance's access capability. The table names the parent
+    by its minor number (`gpu<minor>/...`), which can differ from NVML's index."""
+    return f"gpu{gpu_minor}/gi{gpu_instance}/access"
+
+
+def compute_instance_key(gpu_minor: int, gpu_instance: int, compute_instance: int) -> str:
+    """The mig-minors key of a compute instance's access capability."""
+    return f"gpu{gpu_minor}/gi{gpu_instance}/ci{compute_instance}/access"
+
+
+def capability_node(minor: int) -> str:
+    """The device node of a MIG capability minor."""
+    return f"/dev/nvidia-caps/nvidia-cap{minor}"

@@ -1,0 +1,135 @@
+"""Prometheus metrics, all under the `deviceplugin_` prefix, in a registry of their own.
+
+One `Metrics` object per running plugin. The supervisor, the servers, the registrar and the
+health monitor call its small methods through observer protocols of their own, so no other
+module touches prometheus-client and none of them imports this one. Names and labels are
+documented in docs/observability.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+from deviceplugin import __version__
+from deviceplugin.model.assignments import PodDevices
+from deviceplugin.model.resources import ResourceSet
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    """The plugin's metrics; cheap to call from the event loop."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.devices = Gauge(
+            "deviceplugin_devices",
+            "Devices advertised per resource and health state.",
+            ["resource", "health"],
+            registry=r,
+        )
+        self.registrations = Counter(
+            "deviceplugin_registrations",
+            "Successful Register calls to the kubelet, first and repeated.",
+            ["resource", "kind"],
+            registry=r,
+        )
+        self.registration_failures = Counter(
+            "deviceplugin_registration_failures",
+            "Register calls the kubelet refused or did not answer.",
+            ["resource"],
+            registry=r,
+        )
+        self.rpc_requests = Counter(
+            "deviceplugin_rpc_requests",
+            "Allocate and GetPreferredAllocation calls by outcome.",
+            ["resource", "method", "outcome"],
+            registry=r,
+        )
+        self.rpc_seconds = Histogram(
+            "deviceplugin_rpc_duration_seconds",
+            "Time to answer Allocate and GetPreferredAllocation.",
+            ["resource", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.health_events = Counter(
+            "deviceplugin_health_events",
+            "NVML health events by Xid and the action taken.",
+            ["xid", "action"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "deviceplugin_config_reloads",
+            "Config reloads by result (applied, unchanged, rejected).",
+            ["result"],
+            registry=r,
+        )
+        self.kubelet_restarts = Counter(
+            "deviceplugin_kubelet_restarts",
+            "Kubelet restarts seen (kubelet.sock re-created or a plugin socket removed).",
+            registry=r,
+        )
+        self.allocated = Gauge(
+            "deviceplugin_allocated_device",
+            "1 for each device ID a container holds, per the kubelet's pod-resources API.",
+            ["resource", "device", "physical", "gpu", "namespace", "pod", "container"],
+            registry=r,
+        )
+        self.build = Info(
+            "deviceplugin_build", "Plugin version and NVML driver version.", registry=r
+        )
+        self.build.info({"version": __version__, "driver_version": ""})
+
+    def set_driver_version(self, driver_version: str) -> None:
+        self.build.info({"version": __version__, "driver_version": driver_version})
+
+    def set_resources(self, resources: Mapping[str, ResourceSet]) -> None:
+        """Publish device counts per resource and health; resources that went away read 0."""
+        self.devices.clear()
+        for name, resource in resources.items():
+            healthy = resource.healthy_count
+            self.devices.labels(name, "Healthy").set(healthy)
+            self.devices.labels(name, "Unhealthy").set(len(resource.devices) - healthy)
+
+    def set_allocated(self, pods: PodDevices | None, resources: Mapping[str, ResourceSet]) -> None:
+        """Publish who holds which of our devices, with the physical device and parent GPU
+        behind each ID; None (assignments unknown) publishes nothing rather than stale rows."""
+        self.allocated.clear()
+        if pods is None:
+            return
+        for name, resource in resources.items():
+            for device in resource.devices:
+                for holder in pods.holders(name, device.id):
+                    self.allocated.labels(
+                        name,
+                        device.id,
+                        device.physical_uuid,
+                        device.gpu_uuid,
+                        holder.namespace,
+                        holder.pod,
+                        holder.container,
+                    ).set(1)
+
+    def health_event(self, xid: str, action: str) -> None:
+        self.health_events.labels(xid=xid, action=action).inc()
+
+    def registered(self, resource: str, again: bool) -> None:
+        self.registrations.labels(resource, "again" if again else "first").inc()
+
+    def registration_failed(self, resource: str) -> None:
+        self.registration_failures.labels(resource).inc()
+
+    def kubelet_restarted(self) -> None:
+        self.kubelet_restarts.inc()
+
+    def rpc_done(self, resource: str, method: str, seconds: float, ok: bool) -> None:
+        self.rpc_requests.labels(resource, method, "ok" if ok else "error").inc()
+        self.rpc_seconds.labels(resource, method).observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

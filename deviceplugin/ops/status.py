@@ -1,0 +1,42 @@
+"""What a running plugin reports about itself: the basis of /readyz, /status and inspect."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from deviceplugin.model.resources import ResourceSet
+
+
+@dataclass(frozen=True)
+class Status:
+    """What /readyz and inspect report about the running plugin."""
+
+    resources: Mapping[str, ResourceSet]
+    registered: frozenset[str]
+    health_monitor_alive: bool
+    nvml_available: bool
+    kubelet_restarting: bool
+    config_source: str | None
+    last_config_error: str | None
+    started: bool
+
+    @property
+    def not_ready(self) -> list[str]:
+        """Why the plugin is not ready; empty when it is. Before start-up has finished the plugin
+        advertises nothing yet, which would otherwise read as "everything registered"."""
+        if not self.started:
+            return ["starting"]
+        reasons: list[str] = []
+        missing = sorted(set(self.resources) - self.registered)
+        if missing:
+            reasons.append("not registered: " + ", ".join(missing))
+        if self.resources and self.nvml_available and not self.health_monitor_alive:
+            reasons.append("health monitor not running")
+        if self.kubelet_restarting:
+            reasons.append("kubelet restart in progress")
+        return reasons
+
+    @property
+    def ready(self) -> bool:
+        return not self.not_ready
