@@ -1,35 +1,38 @@
-# deviceplugin container image.
+# deviceplugin container image. Build it with `make image` (BASE_IMAGE=..., IMAGE=...):
 #
-#   docker build -t deviceplugin:0.1.0 .
-#   docker build --build-arg BASE_IMAGE=registry.local/python:3.11-slim \
-#                --build-arg PIP_INDEX_URL=https://mirror.local/simple -t deviceplugin:0.1.0 .
+#   make image BASE_IMAGE=registry.local/python:3.11-slim IMAGE=registry.local/deviceplugin:0.1.0
+#
+# `make image` (image/build.sh) makes the wheels on the host, with the host's pip settings, for
+# the base image's Python, into build/wheels; this file installs them with --no-index. So the
+# build itself reaches no package index and no registry (it runs with --network none): it
+# works on air-gapped and mirrored clusters as it does here.
 #
 # Both stages start from the same base so the virtual environment built in the first one runs
-# unchanged in the second. The final image adds to the base only that virtual environment: the
-# package and its runtime dependencies, without pip or setuptools. No compilers, no pip cache, no
-# sources. The base needs Python 3.11+ with pip and venv (python:*-slim images have both).
+# unchanged in the second. The final image adds to the base only that virtual environment (the
+# package and its runtime dependencies, no installer in it) and removes the base's own
+# installers. No compilers, no pip cache, no sources. The base needs Python 3.11+ with venv.
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS builder
-ARG PIP_INDEX_URL
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY deviceplugin ./deviceplugin
-# A wheel of the package, installed with its dependencies into a fresh virtual environment that
-# then drops its own installers (pip, setuptools): the final image copies only this directory.
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
- && python -m venv /opt/deviceplugin \
- && /opt/deviceplugin/bin/pip install --no-cache-dir /wheels/deviceplugin-*.whl \
- && /opt/deviceplugin/bin/pip uninstall --yes pip setuptools \
- && /opt/deviceplugin/bin/deviceplugin --help > /dev/null
+COPY build/wheels /wheels
+# A venv without pip, filled by the base's pip from the wheels alone.
+RUN python3 -m venv --without-pip /opt/deviceplugin \
+ && python3 -m pip --python /opt/deviceplugin/bin/python install --no-index --no-cache-dir \
+        --find-links /wheels deviceplugin \
+ && /opt/deviceplugin/bin/deviceplugin --version
 
 FROM ${BASE_IMAGE}
+ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="deviceplugin" \
       org.opencontainers.image.description="Kubernetes device plugin for NVIDIA GPUs" \
+      org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
+COPY image/strip_installers.py /tmp/strip_installers.py
+RUN python3 /tmp/strip_installers.py \
+ && ! python3 -m pip --version 2>/dev/null
 COPY --from=builder /opt/deviceplugin /opt/deviceplugin
 # NVIDIA_VISIBLE_DEVICES and NVIDIA_DRIVER_CAPABILITIES ask the NVIDIA container runtime for every
 # GPU, its device nodes and libnvidia-ml: the plugin needs NVML, not privileged mode.

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo lint bench protos clean
+.PHONY: test demo lint bench protos image clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,16 @@ lint: $(LINT_STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# The container image, built from wheels made here (image/build.sh): works with no index or
+# registry reachable from the build. The first of podman and docker found, unless CONTAINER_TOOL.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+CONTAINER_TOOL ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || echo docker)
+BASE_IMAGE ?= python:3.11-slim
+IMAGE ?= deviceplugin:$(VERSION)
+
+image: $(STAMP)
+	image/build.sh $(CONTAINER_TOOL) $(BASE_IMAGE) $(IMAGE) $(VERSION) $(PY)
 
 # Regenerate the committed gRPC stubs from protos/ (tests check they match).
 protos: $(STAMP)

@@ -4,14 +4,17 @@
 #   sudo e2e/setup-host.sh
 #
 # Idempotent: every step checks first and does nothing when its result is already there.
-#   1. installs podman, runc, mmdebstrap and busybox-static with apt-get, only those missing
-#      (one `apt-get update` first, only when something is to be installed);
+#   1. installs podman, runc, mmdebstrap, busybox-static and catatonit (for `podman run --init`)
+#      with apt-get, only those missing (one `apt-get update` first, only when something is to
+#      be installed), without recommends (they would pull crun, which fails here);
 #   2. makes podman use runc (crun refuses this machine's hybrid cgroup layout) and drops the
 #      default ulimits (setting RLIMIT_NOFILE fails here with "operation not permitted"), in
 #      /etc/containers/containers.conf, keeping every other setting that file holds;
 #   3. builds a Debian bookworm root file system with Python 3 (mmdebstrap, cached as a tarball
 #      under $E2E_CACHE) and imports it as localhost/deviceplugin-e2e-base:bookworm;
-#   4. makes a 2 MB busybox image, localhost/deviceplugin-e2e-busybox:latest, for workloads.
+#   4. makes a 2 MB busybox image, localhost/deviceplugin-e2e-busybox:latest, for workloads;
+#   5. creates /var/run/cdi (empty) so a test can bind a private spec directory over it in its
+#      own mount namespace; /run is a tmpfs, so tests should `mkdir -p /var/run/cdi` as well.
 # No registry is needed: both images are made locally.
 #
 # Environment:
@@ -31,6 +34,7 @@ E2E_MIRROR=${E2E_MIRROR:-}
 E2E_REBUILD=${E2E_REBUILD:-0}
 CONTAINERS_CONF=${CONTAINERS_CONF_PATH:-/etc/containers/containers.conf}
 BASE_PACKAGES=python3,python3-venv,python3-pip,python-is-python3
+PACKAGES=(podman runc mmdebstrap busybox-static catatonit)
 
 log() { printf '[setup-host] %s\n' "$*"; }
 die() { printf '[setup-host] error: %s\n' "$*" >&2; exit 1; }
@@ -57,13 +61,13 @@ install_packages() {
     local missing=() pkg
     # dpkg's status, not a command: `busybox` may be the dynamic package, and a package removed
     # but not purged still has a status entry that is not "installed".
-    for pkg in podman runc mmdebstrap busybox-static; do
+    for pkg in "${PACKAGES[@]}"; do
         if [ "$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)" != installed ]; then
             missing+=("$pkg")
         fi
     done
     if [ ${#missing[@]} -eq 0 ]; then
-        log "packages: podman runc mmdebstrap busybox-static already installed"
+        log "packages: ${PACKAGES[*]} already installed"
         return
     fi
     log "packages: installing ${missing[*]}"
@@ -208,12 +212,26 @@ build_busybox_image() {
     log "busybox image: imported $E2E_BUSYBOX_IMAGE ($("$busybox" | head -n1 | cut -d' ' -f1-2))"
 }
 
+# --- 5. CDI spec directory -------------------------------------------------------------------
+cdi_dir() {
+    if [ -d /var/run/cdi ]; then
+        log "cdi: /var/run/cdi exists ($(find /var/run/cdi -maxdepth 1 -type f | wc -l) files)"
+    else
+        mkdir -p /var/run/cdi
+        log "cdi: created /var/run/cdi (a mount point for private spec directories)"
+    fi
+    if [ -d /etc/cdi ] && [ -n "$(ls -A /etc/cdi)" ]; then
+        log "cdi: warning: /etc/cdi holds specs; podman merges them with /var/run/cdi: $(ls /etc/cdi)"
+    fi
+}
+
 total_start=$(now)
 step "packages" install_packages
 step "containers.conf" configure_containers
 step "base tarball" build_base_tarball
 step "base image" import_base_image
 step "busybox image" build_busybox_image
+step "cdi dir" cdi_dir
 log "$(awk -v a="$total_start" -v b="$(now)" 'BEGIN { printf "all done in %.1f s", b - a }')"
 podman images --filter reference='localhost/deviceplugin-e2e-*' \
     --format '  {{.Repository}}:{{.Tag}}  {{.Size}}'

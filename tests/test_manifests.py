@@ -28,6 +28,7 @@ RUNTIME_ENV_VARS = frozenset(
     {"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_MONITOR_DEVICES"}
 )
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+CDI_DIR = "/var/run/cdi"
 
 Doc = dict[str, Any]
 
@@ -180,12 +181,33 @@ def test_configmap_config_parses() -> None:
 # --- host access and privileges --------------------------------------------------------------
 
 
-def test_base_host_path_is_only_the_kubelet_directory() -> None:
-    host_paths = [v["hostPath"] for v in volumes(BASE_DS).values() if "hostPath" in v]
-    assert host_paths == [{"path": KUBELET_DIR, "type": "Directory"}]
-    mounts = {m["name"]: m for m in container(BASE_DS)["volumeMounts"]}
-    (name,) = [n for n, v in volumes(BASE_DS).items() if "hostPath" in v]
-    assert mounts[name]["mountPath"] == KUBELET_DIR
+def host_mounts(ds: Doc) -> dict[str, tuple[Doc, Doc]]:
+    """mountPath -> (hostPath volume source, volumeMount) for every host directory mounted."""
+    mounts = {m["name"]: m for m in container(ds)["volumeMounts"]}
+    return {
+        mounts[name]["mountPath"]: (volume["hostPath"], mounts[name])
+        for name, volume in volumes(ds).items()
+        if "hostPath" in volume
+    }
+
+
+def test_base_host_paths_are_only_the_kubelet_and_cdi_directories() -> None:
+    found = {path: source for path, (source, _) in host_mounts(BASE_DS).items()}
+    assert found == {
+        KUBELET_DIR: {"path": KUBELET_DIR, "type": "Directory"},
+        CDI_DIR: {"path": CDI_DIR, "type": "DirectoryOrCreate"},
+    }
+
+
+@pytest.mark.parametrize("ds", ALL_DS_PARAMS)
+def test_the_cdi_spec_directory_is_the_hosts_and_writable(ds: Doc) -> None:
+    # The runtime reads the spec on the host, from /var/run/cdi: the plugin's spec directory
+    # (DP_CDI_SPEC_DIR, default /var/run/cdi) must be that host directory, writable, whether or
+    # not the ConfigMap asks for a CDI strategy today (an edit can switch to one live).
+    spec_dir = env(ds).get("DP_CDI_SPEC_DIR", CDI_DIR)
+    source, mount = host_mounts(ds)[spec_dir]
+    assert source == {"path": CDI_DIR, "type": "DirectoryOrCreate"}
+    assert not mount.get("readOnly", False) and "subPath" not in mount
 
 
 @pytest.mark.parametrize("ds", ALL_DS_PARAMS)
@@ -337,7 +359,39 @@ def test_dockerfile_runtime_env() -> None:
     assert values["PYTHONUNBUFFERED"] == "1"
 
 
-def test_dockerfile_installs_without_pip_cache() -> None:
+def test_dockerfile_installs_only_the_wheels_it_was_given() -> None:
+    # Offline builds: every install in the image reads the wheels `make image` made on the
+    # host, never an index, and leaves no pip cache behind.
     runs = [args for op, args in dockerfile_instructions() if op == "RUN"]
-    installs = [run for run in runs if "pip install" in run or "pip wheel" in run]
-    assert installs and all("--no-cache-dir" in run for run in installs)
+    installs = [run for run in runs if re.search(r"pip( --python \S+)? install", run)]
+    assert installs
+    for run in installs:
+        assert "--no-index" in run and "--find-links /wheels" in run and "--no-cache-dir" in run
+    copies = [args for op, args in dockerfile_instructions() if op == "COPY"]
+    assert "build/wheels /wheels" in copies
+
+
+def test_the_build_context_is_the_wheels_and_the_stripping_step() -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    admitted = {line[1:].rstrip("/") for line in lines[1:] if line.startswith("!")}
+    copied = {
+        args.split()[0].rstrip("/")
+        for op, args in dockerfile_instructions()
+        if op == "COPY" and "--from" not in args
+    }
+    assert copied <= admitted, f"COPY of files the context leaves out: {copied - admitted}"
+
+
+def test_the_final_image_removes_the_base_installers_and_labels_its_version() -> None:
+    instructions = dockerfile_instructions()
+    last_from = max(i for i, (op, _) in enumerate(instructions) if op == "FROM")
+    final = instructions[last_from:]
+    assert any(op == "RUN" and "strip_installers.py" in args for op, args in final)
+    labels = " ".join(args for op, args in final if op == "LABEL")
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+    assert any(op == "ARG" and args.startswith("VERSION") for op, args in final)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Build the plugin's image where the build containers reach no package index and no registry.
+#
+#   image/build.sh TOOL BASE_IMAGE IMAGE VERSION PYTHON
+#
+# The wheels are made here, on the host, with this machine's pip settings (index, proxy, CA),
+# for the Python of the base image (asked from the base itself, so a base with another Python
+# version gets wheels it can install). The Dockerfile installs them with --no-index: the build
+# needs no network, and `--network none` proves it.
+set -euo pipefail
+
+tool=$1 base=$2 image=$3 version=$4 python=$5
+here=$(cd "$(dirname "$0")/.." && pwd)
+wheels="$here/build/wheels"
+
+if ! "$tool" image exists "$base" 2>/dev/null && ! "$tool" image inspect "$base" >/dev/null 2>&1; then
+    echo "image: base image $base is not present locally; pull or import it first" >&2
+    echo "       (make e2e builds a Debian base with mmdebstrap: e2e/setup-host.sh)" >&2
+    exit 2
+fi
+
+# cp311 and the machine (x86_64, aarch64) of the base, without starting anything but python.
+read -r pyver machine < <("$tool" run --rm --network none --entrypoint python3 "$base" \
+    -c 'import platform, sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}", platform.machine())')
+echo "image: base $base has Python $pyver on $machine"
+
+rm -rf "$wheels" && mkdir -p "$wheels"
+"$python" -m pip wheel -q --no-deps --wheel-dir "$wheels" "$here"
+# Binary wheels only, for the base's Python and any manylinux glibc up to Debian bookworm's.
+platforms=()
+for glibc in 2_17 2_28 2_31 2_34 2_36; do
+    platforms+=(--platform "manylinux_${glibc}_${machine}")
+done
+platforms+=(--platform "manylinux2014_${machine}")
+"$python" -m pip download -q --only-binary=:all: --python-version "$pyver" \
+    --implementation cp "${platforms[@]}" --dest "$wheels" "$wheels"/deviceplugin-*.whl
+
+"$tool" build --network none \
+    --build-arg "BASE_IMAGE=$base" --build-arg "VERSION=$version" \
+    -t "$image" -f "$here/Dockerfile" "$here"
+
+base_size=$("$tool" image inspect --format '{{.Size}}' "$base")
+image_size=$("$tool" image inspect --format '{{.Size}}' "$image")
+added=$(( (image_size - base_size) / 1000000 ))
+echo "image: built $image ($("$tool" run --rm --network none --entrypoint deviceplugin "$image" --version)), ${added} MB on top of $base"
