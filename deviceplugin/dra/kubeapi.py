@@ -1,0 +1,115 @@
+"""The API-server calls the DRA driver makes, through the async Kubernetes client.
+
+`connect()` builds a client from `--kubeconfig`, from the pod's service account (in-cluster),
+or from a plain URL (the stand-in of `sim/apiserver.py`); `KubeApi` lists, creates, replaces
+and deletes this node's ResourceSlices and reads ResourceClaims. Objects travel as plain JSON
+dicts both ways (`_preload_content=False`), so what the publisher compares is exactly what the
+server stored, without a round trip through the client's generated models. Every failure leaves
+as `KubeApiError` (`ConflictError` for 409), so callers handle one exception type.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from deviceplugin.model.errors import ConfigError, DevicePluginError
+
+JsonObject = dict[str, Any]
+
+
+class KubeApiError(DevicePluginError):
+    """An API call failed: `status` is the HTTP status, 0 when no answer came."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class ConflictError(KubeApiError):
+    """409: the object changed since it was read, or already exists."""
+
+
+async def connect(kubeconfig: str | None = None, host: str | None = None) -> KubeApi:
+    """A client for `host` (a URL, no credentials), else the kubeconfig file, else in-cluster
+    config. Raises ConfigError when none can be loaded."""
+    configuration = client.Configuration()
+    try:
+        if host is not None:
+            configuration.host = host
+        elif kubeconfig is not None:
+            await config.load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration
+            )
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except (ConfigException, OSError) as err:
+        raise ConfigError("kubeconfig", f"cannot load Kubernetes client config: {err}") from err
+    return KubeApi(client.ApiClient(configuration=configuration))
+
+
+class KubeApi:
+    """ResourceSlices (cluster-scoped) and ResourceClaims of `resource.k8s.io/v1`."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._client = api_client
+        self._resource = client.ResourceV1Api(api_client)
+
+    async def list_slices(self, node: str, driver: str) -> list[JsonObject]:
+        """This node's slices of `driver`, as the server stores them."""
+        selector = f"spec.nodeName={node},spec.driver={driver}"
+        answer = await self._call(self._resource.list_resource_slice, field_selector=selector)
+        items = answer.get("items") or []
+        return [item for item in items if isinstance(item, dict)]
+
+    async def create_slice(self, body: JsonObject) -> JsonObject:
+        return await self._call(self._resource.create_resource_slice, body)
+
+    async def replace_slice(self, name: str, body: JsonObject) -> JsonObject:
+        """PUT; a `metadata.resourceVersion` in `body` makes it conditional (409 if stale)."""
+        return await self._call(self._resource.replace_resource_slice, name, body)
+
+    async def delete_slice(self, name: str) -> None:
+        """Delete; one already gone counts as deleted."""
+        try:
+            await self._call(self._resource.delete_resource_slice, name)
+        except KubeApiError as err:
+            if err.status != 404:
+                raise
+
+    async def read_claim(self, namespace: str, name: str) -> JsonObject:
+        """One ResourceClaim with its status (the allocation the kubelet side prepares)."""
+        return await self._call(self._resource.read_namespaced_resource_claim, name, namespace)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> JsonObject:
+        try:
+            response = await method(*args, _preload_content=False, **kwargs)
+            try:
+                status, data = response.status, await response.read()
+            finally:
+                response.release()
+        except ApiException as err:
+            raise KubeApiError(f"API call failed: {err.reason}", err.status or 0) from err
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            raise KubeApiError(f"API server unreachable: {err!r}") from err
+        answer = _json(data)
+        if not 200 <= status <= 299:
+            message = f"API server answered {status}: {answer.get('message') or data[:200]!r}"
+            raise (ConflictError if status == 409 else KubeApiError)(message, status)
+        return answer
+
+
+def _json(data: bytes) -> JsonObject:
+    try:
+        answer = json.loads(data) if data else {}
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}

@@ -1,0 +1,206 @@
+"""Publishes this node's devices as `resource.k8s.io/v1` ResourceSlices, and keeps them so.
+
+How to use it (the composition root does this):
+
+    api = await kubeapi.connect(kubeconfig=settings.kubeconfig)  # or connect(host=stand_in.url)
+    publisher = SlicePublisher(api, node_name="node-1", driver="gpu.nvidia.com")
+    await publisher.publish(inventory, resources)   # at start, and after every change
+    ...
+    await publisher.close()                         # stops retrying, closes the client
+
+`resources` is the device plugin's plan with health applied
+(`apply_health(build_plan(inventory, config).resources, unhealthy)`), so the MIG strategy and the
+health engine decide what DRA sees exactly as they decide what the kubelet sees. Call `publish`
+again whenever the inventory, the config or a device's health changes; calling it with an
+unchanged state writes nothing.
+
+What it guarantees:
+
+- one pool per node (named after the node), cut into slices at the API's device limit, named
+  `<node>-<driver>-<n>`; on any change the pool's generation is bumped and every slice of the
+  pool rewritten (consumers use only the newest generation, so no slice may lag behind), slices
+  no longer needed are deleted, and so are stale slices of this node and driver found at start;
+- after a restart, slices that already say what this node has are adopted, not rewritten;
+- an API error never escapes `publish`: it is logged (`dra.publish.failed`), the slices are
+  listed afresh and the write retried with exponential backoff until it succeeds or a newer
+  `publish` supersedes it. `publish` returns whether this call got the slices written;
+  `wait_published()` waits until the newest state is on the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from deviceplugin.model.devices import Inventory
+from deviceplugin.model.log import log_event
+from deviceplugin.model.resources import ResourceSet
+from deviceplugin.model.slices import DRIVER, build_devices, build_slices
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+
+
+class SliceApi(Protocol):
+    """The API calls the publisher makes (`kubeapi.KubeApi`; raises `KubeApiError`)."""
+
+    async def list_slices(self, node: str, driver: str) -> list[JsonObject]: ...
+    async def create_slice(self, body: JsonObject) -> JsonObject: ...
+    async def replace_slice(self, name: str, body: JsonObject) -> JsonObject: ...
+    async def delete_slice(self, name: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Delays between retries after an API error: first, doubling, up to most."""
+
+    first: float = 0.2
+    most: float = 30.0
+
+    def delay(self, failures: int) -> float:
+        """The wait after `failures` failed attempts in a row (>= 1)."""
+        return float(min(self.first * 2 ** max(failures - 1, 0), self.most))
+
+
+class SlicePublisher:
+    """Owns `api`: `close()` closes it."""
+
+    def __init__(
+        self,
+        api: SliceApi,
+        node_name: str,
+        driver: str = DRIVER,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self.driver = driver
+        self._api = api
+        self._backoff = backoff or Backoff()
+        self._lock = asyncio.Lock()
+        self._desired: list[JsonObject] = []  # the devices to publish
+        self._version = 0  # bumped by every publish(); the retry loop chases the newest
+        self._synced_version = -1
+        self._stored: dict[str, JsonObject] | None = None  # slices on the server; None: re-list
+        self._generation = 0
+        self._written: list[tuple[str, Any]] | None = None  # contents of the last write
+        self._failures = 0  # failed attempts in a row
+        self._retry: asyncio.Task[None] | None = None
+        self._published = asyncio.Event()
+
+    @property
+    def generation(self) -> int:
+        """The pool generation last written (or adopted)."""
+        return self._generation
+
+    async def publish(self, inventory: Inventory, resources: Mapping[str, ResourceSet]) -> bool:
+        """Make the slices say what `inventory` and `resources` say; True once written."""
+        self._desired = build_devices(inventory, resources, self.driver)
+        self._version += 1
+        self._published.clear()
+        return await self._attempt()
+
+    async def wait_published(self) -> None:
+        """Return once the newest state given to `publish` is on the server."""
+        await self._published.wait()
+
+    async def close(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retry
+            self._retry = None
+        await self._api.close()
+
+    # --- syncing --------------------------------------------------------------------------------
+
+    async def _attempt(self, retry: bool = False) -> bool:
+        """One sync of the newest state; on failure logs and makes sure a retry loop runs."""
+        async with self._lock:
+            version = self._version
+            try:
+                await self._sync(self._desired)
+            except Exception as err:  # the driver must outlive any API failure
+                self._stored = None
+                self._failures += 1
+                log_event(
+                    logger,
+                    "dra.publish.failed",
+                    logging.WARNING,
+                    node=self.node_name,
+                    error=str(err) or repr(err),
+                    retry=retry,
+                )
+                if self._retry is None or self._retry.done():
+                    self._retry = asyncio.get_running_loop().create_task(self._retry_loop())
+                return False
+            self._synced_version = version
+            self._failures = 0
+            if version == self._version:
+                self._published.set()
+            return True
+
+    async def _retry_loop(self) -> None:
+        """Retries until the newest state is written; a newer publish() may get there first."""
+        while self._synced_version != self._version:
+            await asyncio.sleep(self._backoff.delay(self._failures))
+            if self._synced_version != self._version:
+                await self._attempt(retry=True)
+
+    async def _sync(self, devices: Sequence[JsonObject]) -> None:
+        wanted = _contents(build_slices(self.node_name, devices, 0, self.driver))
+        if self._stored is not None and wanted == self._written:
+            return  # nothing changed since the last write
+        if self._stored is None:
+            found = await self._api.list_slices(self.node_name, self.driver)
+            self._stored = {item["metadata"]["name"]: item for item in found}
+            generations = {_generation(item) for item in found}
+            if len(generations) == 1 and _contents(found) == wanted:
+                self._generation, self._written = generations.pop(), wanted
+                return  # the server already says this: adopt it
+        stored = self._stored
+        generations = {_generation(item) for item in stored.values()}
+        generation = max([self._generation, *generations]) + 1
+        names = set()
+        for body in build_slices(self.node_name, devices, generation, self.driver):
+            name = body["metadata"]["name"]
+            names.add(name)
+            current = stored.get(name)
+            if current is None:
+                stored[name] = await self._api.create_slice(body)
+            else:
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                stored[name] = await self._api.replace_slice(name, body)
+        for name in sorted(set(stored) - names):
+            await self._api.delete_slice(name)
+            del stored[name]
+        self._generation, self._written = generation, wanted
+        log_event(
+            logger,
+            "dra.slices.published",
+            node=self.node_name,
+            slices=len(names),
+            devices=len(devices),
+            generation=generation,
+        )
+
+
+def _generation(item: JsonObject) -> int:
+    pool = item.get("spec", {}).get("pool", {})
+    generation = pool.get("generation", 0)
+    return generation if isinstance(generation, int) else 0
+
+
+def _contents(items: Any) -> list[tuple[str, Any]]:
+    """What two sets of slices must share to say the same: name and spec but the generation."""
+    result = []
+    for item in items:
+        spec = dict(item.get("spec", {}))
+        spec["pool"] = {k: v for k, v in spec.get("pool", {}).items() if k != "generation"}
+        result.append((item["metadata"]["name"], spec))
+    return sorted(result, key=lambda pair: pair[0])

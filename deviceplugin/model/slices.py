@@ -1,0 +1,263 @@
+"""The node's devices as DRA sees them: `resource.k8s.io/v1` devices and ResourceSlices.
+
+The devices come from the same plan the device plugin serves (`resources.build_plan` with
+health applied), so the MIG strategy decides here too whether a MIG-enabled GPU is published
+whole (`none`) or as its MIG devices (`single`, `mixed`), and a device the plugin marks
+Unhealthy is published `healthy: false`. Replicas of time-slicing collapse to the physical device
+behind them: DRA shares through claims, not through copies.
+
+Attributes are chosen so that two families of DeviceClasses select devices unchanged:
+
+- NVIDIA's DRA driver's, unqualified (so in the driver's domain, `gpu.nvidia.com` by default):
+  `type` (`gpu` / `mig`), `uuid`, `productName`, `architecture`, `cudaComputeCapability`,
+  `driverVersion`, `cudaDriverVersion` (versions, semver-normalised as NVIDIA does), `index`,
+  `minor` (GPU), `parentUUID`, `profile`, `parentIndex` (MIG), capacity `memory`;
+- the seed's, in `nvidia.com`: `migProfile` (empty for a whole GPU), `parentUUID` (the GPU the
+  device lives on: itself for a whole GPU) and `healthy`. Every device carries all three, so
+  a selector such as `device.attributes['nvidia.com'].migProfile == '1g.10gb'` evaluates on
+  every device instead of failing on a whole GPU (a CEL error aborts the allocation).
+
+Topology, for a claim's `matchAttribute`: `resource.kubernetes.io/pciBusID` (the standard
+name), and in `nvidia.com`: `numaNode` (when known), `pcieRoot` and `nvlinkIsland`, each the
+lowest GPU index of its group: GPUs under one PCIe host bridge (NVML's common ancestor at
+HOSTBRIDGE or closer), GPUs joined by NVLink (directly or through NVSwitch). A MIG device
+carries its GPU's values.
+
+An unhealthy device also gets a `NoSchedule` taint `<driver>/unhealthy` (the v1 `taints` field,
+honoured where the DRADeviceTaints gate is on and dropped by the API server where it is off).
+Slices are cut at the API's limits: 128 devices, or 64 when a slice holds a tainted device.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from deviceplugin.model.devices import Device, Gpu, Inventory, MigDevice, PcieLevel
+from deviceplugin.model.resources import ResourceSet
+
+DRIVER = "gpu.nvidia.com"
+SEED_DOMAIN = "nvidia.com"
+STANDARD_DOMAIN = "resource.kubernetes.io"
+API_VERSION = "resource.k8s.io/v1"
+MAX_DEVICES = 128  # ResourceSliceMaxDevices
+MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, for a slice where any device has taints
+MAX_ATTRIBUTES_AND_CAPACITIES = 32  # per device
+
+JsonObject = dict[str, Any]
+
+# Compute capability (major, or major.minor where that differs) -> NVML's architecture name as
+# NVIDIA's driver spells it; 10 and later are Blackwell.
+_ARCHITECTURES = {
+    "3": "Kepler",
+    "5": "Maxwell",
+    "6": "Pascal",
+    "7": "Volta",
+    "7.5": "Turing",
+    "8": "Ampere",
+    "8.9": "Ada Lovelace",
+    "9": "Hopper",
+}
+_LABEL_VALUE_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
+_BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
+
+
+def build_devices(
+    inventory: Inventory, resources: Mapping[str, ResourceSet], driver: str = DRIVER
+) -> list[JsonObject]:
+    """One v1 Device per physical device the plan advertises, in GPU, then MIG index order."""
+    physical: dict[str, Device] = {}
+    for resource in resources.values():
+        for device in resource.devices:
+            known = physical.get(device.physical_uuid)
+            if known is None or (known.healthy and not device.healthy):
+                physical[device.physical_uuid] = device
+    gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
+    groups = _Topology(inventory)
+    ordered = sorted(
+        (d for d in physical.values() if d.gpu_uuid in gpus),
+        key=lambda d: (d.gpu_index, d.mig.index if d.mig else -1),
+    )
+    return [_device(d, gpus[d.gpu_uuid], inventory, groups, driver) for d in ordered]
+
+
+def build_slices(
+    node: str, devices: Sequence[JsonObject], generation: int, driver: str = DRIVER
+) -> list[JsonObject]:
+    """The pool `node` as ResourceSlices named `<node>-<driver>-<n>`; at least one slice, so an
+    empty node still says it has nothing."""
+    chunks = split(devices)
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name(node, driver, n)},
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {
+                    "name": node,
+                    "generation": generation,
+                    "resourceSliceCount": len(chunks),
+                },
+                "devices": list(chunk),
+            },
+        }
+        for n, chunk in enumerate(chunks)
+    ]
+
+
+def slice_name(node: str, driver: str, n: int) -> str:
+    return f"{node}-{driver}-{n}"
+
+
+def split(devices: Sequence[JsonObject]) -> list[list[JsonObject]]:
+    """Consecutive runs of at most MAX_DEVICES, or MAX_DEVICES_WITH_TAINTS for a run holding a
+    tainted device; always at least one (possibly empty) run."""
+    chunks: list[list[JsonObject]] = [[]]
+    tainted = False
+    for device in devices:
+        has_taints = bool(device.get("taints"))
+        limit = MAX_DEVICES_WITH_TAINTS if tainted or has_taints else MAX_DEVICES
+        if len(chunks[-1]) >= limit:
+            chunks.append([])
+            tainted = False
+        chunks[-1].append(device)
+        tainted = tainted or has_taints
+    return chunks
+
+
+def quantity(count: int) -> str:
+    """A byte count in Kubernetes' canonical binary form: 85899345920 -> `80Gi`."""
+    for suffix, shift in _BINARY_SUFFIXES:
+        if count and count % (1 << shift) == 0:
+            return f"{count >> shift}{suffix}"
+    return str(count)
+
+
+def semver(text: str) -> str | None:
+    """NVIDIA's loose parse: up to three numeric parts, zero-padded (`550.90.07` -> `550.90.7`,
+    `8.0` -> `8.0.0`); None for text that has no such reading."""
+    parts = text.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isascii() and p.isdigit() for p in parts):
+        return None
+    numbers = [int(p) for p in parts] + [0] * (3 - len(parts))
+    return ".".join(str(n) for n in numbers)
+
+
+def architecture(compute_capability: str) -> str:
+    """NVML's architecture name, from the compute capability the inventory holds."""
+    major, _, minor = compute_capability.partition(".")
+    if not major.isdigit():
+        return "Unknown"
+    if int(major) >= 10:
+        return "Blackwell"
+    by_version = _ARCHITECTURES.get(f"{major}.{minor}")
+    return by_version or _ARCHITECTURES.get(major, "Unknown")
+
+
+def label_value(text: str) -> str:
+    """`text` made a valid label value (a taint's value): at most 63 of [A-Za-z0-9._-], starting
+    and ending alphanumeric."""
+    cleaned = _LABEL_VALUE_INVALID.sub("-", text)[:63]
+    return cleaned.strip("-._")
+
+
+class _Topology:
+    """Group numbers per GPU index: PCIe host bridge and NVLink island, each the lowest GPU index
+    of its connected group."""
+
+    def __init__(self, inventory: Inventory) -> None:
+        indices = [gpu.index for gpu in inventory.gpus]
+        pairs = [(a, b, inventory.link(a, b)) for a in indices for b in indices if a < b]
+        bridged = ((a, b) for a, b, link in pairs if link.pcie <= PcieLevel.HOSTBRIDGE)
+        self.pcie = _components(indices, bridged)
+        self.nvlink = _components(indices, ((a, b) for a, b, link in pairs if link.nvlinks > 0))
+
+
+def _components(indices: Iterable[int], edges: Iterable[tuple[int, int]]) -> dict[int, int]:
+    root = {index: index for index in indices}
+
+    def find(index: int) -> int:
+        while root[index] != index:
+            root[index] = root[root[index]]
+            index = root[index]
+        return index
+
+    for a, b in edges:
+        low, high = sorted((find(a), find(b)))
+        root[high] = low
+    return {index: find(index) for index in root}
+
+
+def _device(
+    device: Device, gpu: Gpu, inventory: Inventory, groups: _Topology, driver: str
+) -> JsonObject:
+    mig = device.mig
+    attributes: dict[str, JsonObject] = {"type": {"string": "gpu" if mig is None else "mig"}}
+    attributes["uuid"] = {"string": device.physical_uuid}
+    if mig is not None:
+        attributes["parentUUID"] = {"string": gpu.uuid}
+        attributes["profile"] = {"string": mig.profile}
+    attributes["productName"] = {"string": gpu.name}
+    attributes["architecture"] = {"string": architecture(gpu.compute_capability)}
+    versions = {
+        "cudaComputeCapability": semver(gpu.compute_capability),
+        "driverVersion": semver(inventory.driver_version),
+        "cudaDriverVersion": _cuda_version(inventory.cuda_driver_version),
+    }
+    attributes.update({k: {"version": v} for k, v in versions.items() if v is not None})
+    if mig is None:
+        attributes["index"] = {"int": gpu.index}
+        attributes["minor"] = {"int": gpu.minor}
+    else:
+        attributes["index"] = {"int": mig.index}
+        attributes["parentIndex"] = {"int": gpu.index}
+    attributes[f"{STANDARD_DOMAIN}/pciBusID"] = {"string": _sysfs_bus_id(gpu.pci_bus_id)}
+    attributes[f"{SEED_DOMAIN}/migProfile"] = {"string": mig.profile if mig else ""}
+    attributes[f"{SEED_DOMAIN}/parentUUID"] = {"string": gpu.uuid}
+    attributes[f"{SEED_DOMAIN}/healthy"] = {"bool": device.healthy}
+    if gpu.numa_node is not None:
+        attributes[f"{SEED_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
+    attributes[f"{SEED_DOMAIN}/pcieRoot"] = {"int": groups.pcie[gpu.index]}
+    attributes[f"{SEED_DOMAIN}/nvlinkIsland"] = {"int": groups.nvlink[gpu.index]}
+    memory_mib = gpu.memory_mib if mig is None else mig.memory_mib
+    published: JsonObject = {
+        "name": device_name(gpu, mig),
+        "attributes": attributes,
+        "capacity": {"memory": {"value": quantity(memory_mib << 20)}},
+    }
+    if not device.healthy:
+        published["taints"] = [
+            {
+                "key": f"{driver}/unhealthy",
+                "value": label_value(device.reason),
+                "effect": "NoSchedule",
+            }
+        ]
+    return published
+
+
+def device_name(gpu: Gpu, mig: MigDevice | None) -> str:
+    """`gpu-<minor>` as NVIDIA's driver names a GPU; `gpu-<minor>-mig-<gi>-<ci>` for a MIG device
+    (GPU and compute instance ids are unique on their GPU)."""
+    if mig is None:
+        return f"gpu-{gpu.minor}"
+    return f"gpu-{gpu.minor}-mig-{mig.gpu_instance_id}-{mig.compute_instance_id}"
+
+
+def _cuda_version(code: int) -> str | None:
+    """NVML's CUDA driver version 12040 -> `12.4.0`."""
+    if code <= 0:
+        return None
+    return f"{code // 1000}.{code % 1000 // 10}.0"
+
+
+def _sysfs_bus_id(pci_bus_id: str) -> str:
+    """NVML's `00000000:3B:00.0` as the standard attribute spells it: `0000:3b:00.0`."""
+    domain, _, rest = pci_bus_id.lower().partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}"
+    except ValueError:
+        return pci_bus_id.lower()
