@@ -30,6 +30,10 @@ def _run(settings: Settings) -> int:
         from deviceplugin.inspect import inspect
 
         return inspect(settings)
+    if settings.command == "dra explain":
+        from deviceplugin.dra_explain import explain, options_from
+
+        return explain(options_from(settings))
     if settings.command == "demo":
         from deviceplugin.demo import demo
 

@@ -83,6 +83,9 @@ class Settings:
     pods: bool = False
     source: str | None = None  # inspect --from URL
     path: str | None = None  # validate-config FILE
+    class_file: str | None = None  # dra explain --class
+    claim_file: str | None = None  # dra explain --claim
+    unhealthy: tuple[str, ...] = ()  # dra explain --unhealthy
 
 
 def _flag(key: str) -> str:
@@ -113,6 +116,24 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate-config", help="check a config file")
     validate.add_argument("path", metavar="FILE")
     commands.add_parser("demo", help="run serve on a simulated node against a kubelet emulator")
+    dra = commands.add_parser("dra", help="the DRA driver")
+    dra_commands = dra.add_subparsers(dest="dra_command", required=True, metavar="COMMAND")
+    explain = dra_commands.add_parser(
+        "explain", help="which devices DeviceClass selectors match on a node, and a claim's devices"
+    )
+    explain.add_argument("--class", dest="class_file", required=True, metavar="FILE")
+    explain.add_argument("--claim", dest="claim_file", metavar="FILE")
+    explain.add_argument(
+        "--unhealthy", action="append", default=[], metavar="UUID", help="mark a device unhealthy"
+    )
+    explain.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    for name in ("config-file", "simulate", "simulate-events"):
+        dest, env, text = _RUNTIME_FLAGS[name]
+        explain.add_argument(f"--{name}", dest=dest, help=f"{text} [env {env}]")
+    for key, env in ENV_OVERRIDES.items():
+        explain.add_argument(
+            _flag(key), dest=key, help=f"{_OVERRIDE_HELP.get(key, '')} [env {env}]"
+        )
     return parser
 
 
@@ -132,8 +153,11 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         parser.error(f"--log-format / DP_LOG_FORMAT must be text or json, got {log_format!r}")
     if runtime["simulate_events"] and not runtime["simulate"]:
         parser.error("--simulate-events needs --simulate")
+    command = args.command
+    if command == "dra":
+        command = f"dra {args.dra_command}"
     return Settings(
-        command=args.command,
+        command=command,
         config_file=runtime["config_file"],
         kubelet_dir=Path(runtime["kubelet_dir"] or DEFAULT_KUBELET_DIR),
         simulate=runtime["simulate"],
@@ -147,4 +171,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         pods=bool(values.get("pods")),
         source=values.get("source"),
         path=values.get("path"),
+        class_file=values.get("class_file"),
+        claim_file=values.get("claim_file"),
+        unhealthy=tuple(values.get("unhealthy") or ()),
     )
