@@ -1,0 +1,61 @@
+"""Inventories and plans for the DRA tests: presets, and a 64-GPU node of seven 1g.10gb each,
+all discovered through the simulator as `dra serve` would discover them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+
+from deviceplugin.host import open_nvml
+from deviceplugin.model.config import load_config
+from deviceplugin.model.devices import Inventory
+from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
+from deviceplugin.node.discovery import discover
+from tests.simnode import gpu, write_node
+
+A100_GI_IDS = (7, 8, 9, 11, 12, 13, 14)
+
+
+def inventory(simulate: str) -> Inventory:
+    nvml = open_nvml(simulate)
+    nvml.init()
+    try:
+        return discover(nvml)
+    finally:
+        with contextlib.suppress(DevicePluginError):
+            nvml.shutdown()
+
+
+def plan(
+    found: Inventory, strategy: str = "mixed", unhealthy: Mapping[str, str] | None = None
+) -> dict[str, ResourceSet]:
+    config = load_config(None, {"mig_strategy": strategy}, {}).config
+    return apply_health(build_plan(found, config).resources, unhealthy or {})
+
+
+def big_node(path: Path, gpus: int = 64) -> Path:
+    """`gpus` A100-80GB, each cut into seven 1g.10gb MIG devices, eight per NUMA node."""
+    entries = []
+    for i in range(gpus):
+        devices = [
+            {
+                "profile": "1g.10gb",
+                "uuid": f"MIG-{i:08x}-{n:04x}-4000-8000-000000000000",
+                "gpuInstanceId": gi,
+            }
+            for n, gi in enumerate(A100_GI_IDS)
+        ]
+        entries.append(
+            gpu(
+                i,
+                pciBusId=f"0000{i // 32:04X}:{0x10 + i % 32:02X}:00.0",
+                index=i,
+                numaNode=i // 8,
+                migCapable=True,
+                migEnabled=True,
+                migDevices=devices,
+            )
+        )
+    return write_node(path, entries)

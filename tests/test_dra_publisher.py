@@ -1,0 +1,318 @@
+"""dra.publisher and dra.kubeapi against the API-server stand-in, over real HTTP with the real
+async Kubernetes client: create, update with a generation bump, stale deletion, the per-slice
+limit, retries after errors and conflicts, and the stand-in refusing what a server refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceplugin.dra.kubeapi import KubeApi, KubeApiError, connect
+from deviceplugin.dra.publisher import Backoff, SlicePublisher
+from deviceplugin.model.slices import build_devices, build_slices
+from deviceplugin.sim.apiserver import ApiServer
+from tests.dranode import big_node, inventory, plan
+
+NODE = "node-1"
+SAFETY = 10.0  # only a broken publisher waits this long; no test asserts on time
+
+
+Scenario = Callable[..., Awaitable[None]]
+
+
+def run(scenario: Scenario, *args: Any) -> None:
+    """Run `scenario(server, publisher, *args)` against a fresh stand-in and publisher."""
+
+    async def main() -> None:
+        server = ApiServer()
+        await server.start()
+        try:
+            api = await connect(host=server.url)
+            publisher = SlicePublisher(api, NODE, backoff=Backoff(first=0.01))
+            try:
+                await scenario(server, publisher, *args)
+            finally:
+                await publisher.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def writes(server: ApiServer) -> list[tuple[str, str]]:
+    return [(m, p) for m, p in server.requests if m != "GET"]
+
+
+def stored_devices(server: ApiServer) -> dict[str, dict[str, Any]]:
+    return {
+        d["name"]: d
+        for s in server.slices.values()
+        if s["spec"]["nodeName"] == NODE
+        for d in s["spec"]["devices"]
+    }
+
+
+async def _first_publish_creates_the_pool_and_an_unchanged_one_writes_nothing(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    found = inventory("a100-80gb-x8-mixed")
+    assert await publisher.publish(found, plan(found))
+    (only,) = server.slices.values()
+    assert only["metadata"]["name"] == f"{NODE}-gpu.nvidia.com-0"
+    assert only["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
+    assert len(only["spec"]["devices"]) == 32
+    assert server.rejected == []
+    before = len(server.requests)
+    assert await publisher.publish(found, plan(found))
+    assert server.requests[before:] == []
+
+
+def test_first_publish_creates_the_pool_and_an_unchanged_one_writes_nothing() -> None:
+    run(_first_publish_creates_the_pool_and_an_unchanged_one_writes_nothing)
+
+
+async def _a_health_change_rewrites_with_the_next_generation(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    found = inventory("a100-80gb-x8-mixed")
+    await publisher.publish(found, plan(found))
+    mig = found.gpus[2].mig_devices[0]
+    assert await publisher.publish(found, plan(found, unhealthy={mig.uuid: "xid-94"}))
+    (only,) = server.slices.values()
+    assert only["spec"]["pool"]["generation"] == 2
+    sick = [d for d in only["spec"]["devices"] if not d["attributes"]["nvidia.com/healthy"]["bool"]]
+    assert [d["attributes"]["uuid"]["string"] for d in sick] == [mig.uuid]
+    assert sick[0]["taints"][0]["value"] == "xid-94"
+    assert await publisher.publish(found, plan(found))  # recovery
+    assert all(
+        d["attributes"]["nvidia.com/healthy"]["bool"] for d in stored_devices(server).values()
+    )
+    assert publisher.generation == 3
+
+
+def test_a_health_change_rewrites_with_the_next_generation() -> None:
+    run(_a_health_change_rewrites_with_the_next_generation)
+
+
+async def _stale_slices_of_this_node_are_deleted_and_others_kept(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    found = inventory("h100-x8")
+    devices = build_devices(found, plan(found))
+    mine = build_slices(NODE, devices, 5)[0]
+    mine["metadata"]["name"] = "left-over"
+    other = build_slices("node-2", devices, 1)[0]
+    api = await connect(host=server.url)
+    try:
+        await api.create_slice(mine)
+        await api.create_slice(other)
+    finally:
+        await api.close()
+    assert await publisher.publish(found, plan(found))
+    assert sorted(server.slices) == [f"{NODE}-gpu.nvidia.com-0", "node-2-gpu.nvidia.com-0"]
+    assert server.slices[f"{NODE}-gpu.nvidia.com-0"]["spec"]["pool"]["generation"] == 6
+    assert ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/left-over") in server.requests
+
+
+def test_stale_slices_of_this_node_are_deleted_and_others_kept() -> None:
+    run(_stale_slices_of_this_node_are_deleted_and_others_kept)
+
+
+async def _a_64_gpu_node_is_split_and_shrinking_deletes_the_extra_slices(
+    server: ApiServer, publisher: SlicePublisher, tmp_path: Path
+) -> None:
+    big = inventory(str(big_node(tmp_path / "big.yaml")))
+    assert await publisher.publish(big, plan(big))
+    assert server.rejected == []
+    pools = [s["spec"]["pool"] for s in server.slices.values()]
+    assert pools == [{"name": NODE, "generation": 1, "resourceSliceCount": 4}] * 4
+    assert len(stored_devices(server)) == 448
+    small = inventory(str(big_node(tmp_path / "small.yaml", gpus=10)))
+    assert await publisher.publish(small, plan(small))
+    pools = [s["spec"]["pool"] for s in server.slices.values()]
+    assert pools == [{"name": NODE, "generation": 2, "resourceSliceCount": 1}]
+    assert len(stored_devices(server)) == 70
+
+
+def test_a_64_gpu_node_is_split_and_shrinking_deletes_the_extra_slices(tmp_path: Path) -> None:
+    run(_a_64_gpu_node_is_split_and_shrinking_deletes_the_extra_slices, tmp_path)
+
+
+async def _an_api_error_is_retried_with_backoff_until_published(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    found = inventory("a100-80gb-x8-mixed")
+    server.fail_next(500, 3)
+    assert not await publisher.publish(found, plan(found))
+    await asyncio.wait_for(publisher.wait_published(), SAFETY)
+    assert len(stored_devices(server)) == 32
+    assert server.requests[:3] == [("GET", "/apis/resource.k8s.io/v1/resourceslices")] * 3
+
+
+def test_an_api_error_is_retried_with_backoff_until_published() -> None:
+    run(_an_api_error_is_retried_with_backoff_until_published)
+
+
+async def _a_newer_state_wins_over_a_pending_retry(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    found = inventory("a100-80gb-x8-mixed")
+    server.fail_next(503, 1)
+    assert not await publisher.publish(found, plan(found))
+    sick = {found.gpus[0].uuid: "xid-79"}
+    assert await publisher.publish(found, plan(found, unhealthy=sick))
+    await asyncio.wait_for(publisher.wait_published(), SAFETY)
+    healthy = [
+        d["attributes"]["nvidia.com/healthy"]["bool"] for d in stored_devices(server).values()
+    ]
+    assert healthy.count(False) == 7
+
+
+def test_a_newer_state_wins_over_a_pending_retry() -> None:
+    run(_a_newer_state_wins_over_a_pending_retry)
+
+
+async def _a_conflict_re_lists_and_writes_again(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    found = inventory("a100-80gb-x8-mixed")
+    await publisher.publish(found, plan(found))
+    (name,) = server.slices
+    server.slices[name]["metadata"]["resourceVersion"] = "999999"  # someone else wrote it
+    sick = {found.gpus[3].uuid: "xid-48"}
+    assert not await publisher.publish(found, plan(found, unhealthy=sick))
+    await asyncio.wait_for(publisher.wait_published(), SAFETY)
+    assert server.slices[name]["spec"]["pool"]["generation"] == 2  # the refused write never counted
+    healthy = [
+        d["attributes"]["nvidia.com/healthy"]["bool"] for d in stored_devices(server).values()
+    ]
+    assert healthy.count(False) == 7
+
+
+def test_a_conflict_re_lists_and_writes_again() -> None:
+    run(_a_conflict_re_lists_and_writes_again)
+
+
+async def _a_restarted_publisher_adopts_slices_that_already_say_the_same(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    found = inventory("a100-80gb-x8-mixed")
+    await publisher.publish(found, plan(found))
+    again = SlicePublisher(await connect(host=server.url), NODE)
+    try:
+        before = len(server.requests)
+        assert await again.publish(found, plan(found))
+        assert writes(server)[-1][0] == "POST"  # still the first publisher's create
+        assert len(server.requests) == before + 1  # one list
+        assert again.generation == 1
+    finally:
+        await again.close()
+
+
+def test_a_restarted_publisher_adopts_slices_that_already_say_the_same() -> None:
+    run(_a_restarted_publisher_adopts_slices_that_already_say_the_same)
+
+
+async def _the_stand_in_refuses_what_the_api_server_refuses(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    found = inventory("h100-x8")
+    good = build_slices(NODE, build_devices(found, plan(found)), 1)[0]
+    too_many = json.loads(json.dumps(good))
+    too_many["spec"]["devices"] = [
+        {**good["spec"]["devices"][0], "name": f"gpu-{n}"} for n in range(129)
+    ]
+    bad_attribute = json.loads(json.dumps(good))
+    bad_attribute["spec"]["devices"][0]["attributes"]["type"] = {"text": "gpu"}
+    bad_version = json.loads(json.dumps(good))
+    bad_version["spec"]["devices"][0]["attributes"]["driverVersion"] = {"version": "550.90.07"}
+    no_node = json.loads(json.dumps(good))
+    del no_node["spec"]["nodeName"]
+    api = await connect(host=server.url)
+    try:
+        for body in (too_many, bad_attribute, bad_version, no_node):
+            with pytest.raises(KubeApiError) as refused:
+                await api.create_slice(body)
+            assert refused.value.status == 422
+        assert server.slices == {}
+        created = await api.create_slice(good)
+        with pytest.raises(KubeApiError) as twice:
+            await api.create_slice(good)
+        assert twice.value.status == 409
+    finally:
+        await api.close()
+    assert len(server.rejected) == 4
+    assert "Additional properties are not allowed" in server.rejected[1]
+    assert created["metadata"]["resourceVersion"]
+
+
+def test_the_stand_in_refuses_what_the_api_server_refuses() -> None:
+    run(_the_stand_in_refuses_what_the_api_server_refuses)
+
+
+async def _claims_are_read_by_namespace_and_name(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "gpu-claim", "namespace": "team-a"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": "gpu.nvidia.com",
+                            "pool": NODE,
+                            "device": "gpu-0",
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    server.add_claim(claim)
+    api: KubeApi = await connect(host=server.url)
+    try:
+        read = await api.read_claim("team-a", "gpu-claim")
+        with pytest.raises(KubeApiError) as missing:
+            await api.read_claim("team-b", "gpu-claim")
+    finally:
+        await api.close()
+    assert read["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+    assert read["metadata"]["uid"]
+    assert missing.value.status == 404
+    with pytest.raises(ValueError):
+        server.add_claim({**claim, "spec": {"devices": {"requests": [{"nam": "x"}]}}})
+
+
+def test_claims_are_read_by_namespace_and_name() -> None:
+    run(_claims_are_read_by_namespace_and_name)
+
+
+def test_an_unreachable_server_never_escapes_publish() -> None:
+    asyncio.run(_unreachable())
+
+
+async def _unreachable() -> None:
+    stand_in = ApiServer()
+    await stand_in.start()
+    url = stand_in.url
+    await stand_in.stop()
+    publisher = SlicePublisher(await connect(host=url), NODE, backoff=Backoff(first=0.01))
+    try:
+        found = inventory("h100-x8")
+        assert not await publisher.publish(found, plan(found))
+    finally:
+        await publisher.close()
