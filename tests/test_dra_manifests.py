@@ -1,0 +1,99 @@
+"""manifests/dra: valid for every Kubernetes release that serves resource.k8s.io/v1, least
+privilege, the host paths the DRA driver needs, and DeviceClasses whose CEL compiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from deviceplugin.dra.selectors import Selector
+
+DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
+VERSIONS = ("1.34", "1.35", "1.36", "1.37")
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (path.name, document)
+        for path in sorted(DRA.glob("*.yaml"))
+        for document in yaml.safe_load_all(path.read_text())
+        if document
+    ]
+
+
+def of_kind(kind: str) -> list[dict[str, Any]]:
+    return [document for _, document in documents() if document["kind"] == kind]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_manifest_is_valid(version: str) -> None:
+    assert len(documents()) >= 8
+    for name, document in documents():
+        assert kubernetes_validate.validate(document, version, strict=True) == version, name
+
+
+def test_resource_v1_is_not_served_before_1_34() -> None:
+    (seed, *_) = of_kind("DeviceClass")
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(seed, "1.33", strict=True)
+
+
+def test_the_role_grants_slices_and_reading_claims_only() -> None:
+    (role,) = of_kind("ClusterRole")
+    grants = {
+        (group, resource): sorted(rule["verbs"])
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+    assert grants == {
+        ("resource.k8s.io", "resourceslices"): sorted(
+            ["create", "update", "delete", "get", "list", "watch"]
+        ),
+        ("resource.k8s.io", "resourceclaims"): ["get"],
+    }
+    (binding,) = of_kind("ClusterRoleBinding")
+    (account,) = of_kind("ServiceAccount")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": account["metadata"]["name"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+
+
+def test_the_daemonset_mounts_what_the_driver_needs_and_holds_no_privilege() -> None:
+    (daemonset,) = of_kind("DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (account,) = of_kind("ServiceAccount")
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins/gpu.nvidia.com",
+        "/var/run/cdi",
+    }
+    (container,) = pod["containers"]
+    assert container["command"] == ["deviceplugin", "dra", "serve"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert host_paths <= mounts
+    security = container["securityContext"]
+    assert security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+
+
+def test_device_classes_of_the_seed_and_nvidia_compile() -> None:
+    classes = {c["metadata"]["name"]: c for c in of_kind("DeviceClass")}
+    assert set(classes) == {"mig-1g.10gb.nvidia.com", "gpu.nvidia.com", "mig.nvidia.com"}
+    for device_class in classes.values():
+        for selector in device_class["spec"]["selectors"]:
+            Selector(selector["cel"]["expression"])
