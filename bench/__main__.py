@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import preferred, scenarios
+from bench import dra, preferred, scenarios
 from bench.report import Figure, table, write_json
 
 RESULTS = Path(__file__).parent / "results.json"
@@ -28,6 +28,7 @@ GROUPS: list[tuple[str, Group]] = [
     ("start-up", scenarios.startup),
     ("default node: idle, Allocate, events, reloads", scenarios.default_node_figures),
     ("large node: preferred allocation over gRPC", scenarios.large_node_figures),
+    ("DRA: publishing 64 GPUs x 7 MIG to the API-server stand-in", dra.run),
 ]
 
 
