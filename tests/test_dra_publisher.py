@@ -14,6 +14,7 @@ import pytest
 
 from deviceplugin.dra.kubeapi import KubeApi, KubeApiError, connect
 from deviceplugin.dra.publisher import Backoff, SlicePublisher
+from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.sim.apiserver import ApiServer
 from tests.dranode import big_node, inventory, plan
@@ -316,3 +317,40 @@ async def _unreachable() -> None:
         assert not await publisher.publish(found, plan(found))
     finally:
         await publisher.close()
+
+
+async def _kubeconfig(server: ApiServer, publisher: SlicePublisher, tmp_path: Path) -> None:
+    found = inventory("h100-x8")
+    await publisher.publish(found, plan(found))
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "stand-in", "cluster": {"server": server.url}}],
+        "users": [{"name": "driver", "user": {"token": "not-checked"}}],
+        "contexts": [{"name": "here", "context": {"cluster": "stand-in", "user": "driver"}}],
+        "current-context": "here",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))
+    api = await connect(kubeconfig=str(path))
+    try:
+        (listed,) = await api.list_slices(NODE, "gpu.nvidia.com")
+        assert await api.list_slices("node-9", "gpu.nvidia.com") == []
+    finally:
+        await api.close()
+    assert listed["spec"]["pool"]["name"] == NODE
+
+
+def test_a_kubeconfig_file_points_the_client_at_its_server(tmp_path: Path) -> None:
+    run(_kubeconfig, tmp_path)
+
+
+def test_without_kubeconfig_or_a_pod_environment_connect_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
+    with pytest.raises(ConfigError, match="kubeconfig"):
+        asyncio.run(connect())
+    with pytest.raises(ConfigError, match="kubeconfig"):
+        asyncio.run(connect(kubeconfig="/nonexistent/kubeconfig"))
