@@ -1,5 +1,6 @@
 """The simulated world, a product feature (demo, CI, laptops): a stand-in for the `pynvml`
 module built from a node description or preset (`fake_nvml` over `world`, `node`, `profiles`,
 `structs`), the reader of the simulated-events file (`events`), and emulators of the kubelet's
-device-plugin and pod-resources endpoints (`kubelet`, `podresources`).
+device-plugin and pod-resources endpoints (`kubelet`, `podresources`), and a stand-in for the
+API server's `resource.k8s.io/v1` ResourceSlice and ResourceClaim endpoints (`apiserver`).
 """
