@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from deviceplugin.dra.kubeapi import KubeApi, KubeApiError, connect
@@ -354,3 +355,26 @@ def test_without_kubeconfig_or_a_pod_environment_connect_says_why(
         asyncio.run(connect())
     with pytest.raises(ConfigError, match="kubeconfig"):
         asyncio.run(connect(kubeconfig="/nonexistent/kubeconfig"))
+
+
+async def _wiped(server: ApiServer, publisher: SlicePublisher) -> None:
+    found = inventory("a100-80gb-x8-mixed")
+    await publisher.publish(found, plan(found))
+    async with aiohttp.ClientSession() as session:  # the kubelet's wipe at its restart
+        selector = f"spec.nodeName={NODE},spec.driver=gpu.nvidia.com"
+        async with session.delete(
+            f"{server.url}/apis/resource.k8s.io/v1/resourceslices",
+            params={"fieldSelector": selector},
+        ) as answer:
+            assert answer.status == 200
+    assert server.slices == {}
+    assert await publisher.publish(found, plan(found))
+    assert server.slices == {}  # nothing changed as far as the publisher knows
+    assert await publisher.refresh()
+    (only,) = server.slices.values()
+    assert only["spec"]["pool"]["generation"] == 2
+    assert len(only["spec"]["devices"]) == 32
+
+
+def test_refresh_repairs_slices_the_kubelet_wiped() -> None:
+    run(_wiped)

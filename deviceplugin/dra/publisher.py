@@ -5,6 +5,7 @@ How to use it (the composition root does this):
     api = await kubeapi.connect(kubeconfig=settings.kubeconfig)  # or connect(host=stand_in.url)
     publisher = SlicePublisher(api, node_name="node-1", driver="gpu.nvidia.com")
     await publisher.publish(inventory, resources)   # at start, and after every change
+    await publisher.refresh()                       # after the kubelet (re-)registers the plugin
     ...
     await publisher.close()                         # stops retrying, closes the client
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -103,6 +104,14 @@ class SlicePublisher:
         self._desired = build_devices(inventory, resources, self.driver)
         self._version += 1
         self._published.clear()
+        return await self._attempt()
+
+    async def refresh(self) -> bool:
+        """List the slices afresh and repair them: for when someone else may have changed or
+        deleted them (the kubelet wipes a node's slices when it restarts or loses the plugin
+        for 30 s, so call this after each registration). True once they say the newest state."""
+        async with self._lock:
+            self._stored = None
         return await self._attempt()
 
     async def wait_published(self) -> None:
@@ -196,7 +205,7 @@ def _generation(item: JsonObject) -> int:
     return generation if isinstance(generation, int) else 0
 
 
-def _contents(items: Any) -> list[tuple[str, Any]]:
+def _contents(items: Iterable[JsonObject]) -> list[tuple[str, Any]]:
     """What two sets of slices must share to say the same: name and spec but the generation."""
     result = []
     for item in items:

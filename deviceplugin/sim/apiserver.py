@@ -1,9 +1,9 @@
 """A stand-in for the Kubernetes API server's `resource.k8s.io/v1` endpoints, on 127.0.0.1.
 
 It serves what the DRA driver and its tests use: ResourceSlices (list with `fieldSelector` and
-`labelSelector` equality terms, get, create, replace, delete, delete-collection) and
-ResourceClaims (get by namespace/name; create, so tests and the demo can seed claims). Like a
-real API server it
+`labelSelector` equality terms, create, replace, delete, and delete-collection, with which the
+kubelet wipes a node's slices) and ResourceClaims (get by namespace/name; create, so tests and
+the demo can seed claims). Like a real API server it
 
 - validates every object it receives against the `resource.k8s.io/v1` OpenAPI schema
   (kubernetes-validate, strict, Kubernetes 1.34: the first release serving v1) and against the
@@ -75,7 +75,6 @@ class ApiServer:
         app.router.add_get(base, self._list_slices)
         app.router.add_post(base, self._create_slice)
         app.router.add_delete(base, self._delete_slices)
-        app.router.add_get(base + "/{name}", self._get_slice)
         app.router.add_put(base + "/{name}", self._replace_slice)
         app.router.add_delete(base + "/{name}", self._delete_slice)
         app.router.add_post(claim, self._create_claim)
@@ -139,12 +138,6 @@ class ApiServer:
                 "items": items,
             }
         )
-
-    async def _get_slice(self, request: web.Request) -> web.Response:
-        found = self.slices.get(request.match_info["name"])
-        if found is None:
-            return _not_found("resourceslices", request.match_info["name"])
-        return _json(found)
 
     async def _create_slice(self, request: web.Request) -> web.Response:
         body, problem = await self._receive(request, "ResourceSlice")
