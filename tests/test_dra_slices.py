@@ -9,7 +9,10 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from deviceplugin.dra.selectors import parse_quantity
 from deviceplugin.model.errors import DiscoveryError
 from deviceplugin.model.slices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
@@ -19,6 +22,7 @@ from deviceplugin.model.slices import (
     label_value,
     quantity,
     semver,
+    split,
 )
 from tests.dranode import big_node, inventory, plan
 
@@ -256,3 +260,21 @@ def test_architecture_from_compute_capability(capability: str, name: str) -> Non
 )
 def test_taint_values_are_label_values(reason: str, value: str) -> None:
     assert label_value(reason) == value
+
+
+@given(st.lists(st.booleans(), max_size=700))
+def test_split_keeps_order_and_every_slice_within_its_limit(tainted: list[bool]) -> None:
+    devices = [
+        {"name": f"d-{n}", **({"taints": [{"key": "k", "effect": "NoSchedule"}]} if t else {})}
+        for n, t in enumerate(tainted)
+    ]
+    chunks = split(devices)
+    assert [d for chunk in chunks for d in chunk] == devices
+    assert all(chunks) or chunks == [[]]
+    for chunk in chunks:
+        assert len(chunk) <= (64 if any("taints" in d for d in chunk) else 128)
+
+
+@given(st.integers(min_value=0, max_value=1 << 62))
+def test_quantity_reads_back_as_the_same_count(count: int) -> None:
+    assert parse_quantity(quantity(count)) == count
