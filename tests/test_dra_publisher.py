@@ -359,6 +359,8 @@ def test_without_kubeconfig_or_a_pod_environment_connect_says_why(
 
 async def _wiped(server: ApiServer, publisher: SlicePublisher) -> None:
     found = inventory("a100-80gb-x8-mixed")
+    assert not await publisher.refresh()  # nothing to publish yet: no empty pool
+    assert server.requests == []
     await publisher.publish(found, plan(found))
     async with aiohttp.ClientSession() as session:  # the kubelet's wipe at its restart
         selector = f"spec.nodeName={NODE},spec.driver=gpu.nvidia.com"

@@ -109,7 +109,10 @@ class SlicePublisher:
     async def refresh(self) -> bool:
         """List the slices afresh and repair them: for when someone else may have changed or
         deleted them (the kubelet wipes a node's slices when it restarts or loses the plugin
-        for 30 s, so call this after each registration). True once they say the newest state."""
+        for 30 s, so call this after each registration). True once they say the newest state;
+        False before the first publish, which has nothing to repair them with."""
+        if self._version == 0:
+            return False
         async with self._lock:
             self._stored = None
         return await self._attempt()
