@@ -1,12 +1,19 @@
 """Which host the plugin runs on: the real one, or the simulated node of `--simulate`.
 
-The one place that picks between real NVML and the simulator, so the node engine and every
-front-end run the same code on both.
+The one place that picks between real NVML and the simulator, and between the real host's files
+and a simulated node's, so the node engine and every front-end run the same code on both.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.hostpaths import host_path
 from deviceplugin.node.nvml import Nvml, real_nvml
 
 
@@ -21,3 +28,47 @@ def open_nvml(simulate: str | None, events_path: str | None = None) -> Nvml:
 
     sim = FakeNvml(simulate, events_path)
     return Nvml(sim, numa_reader=sim.numa_node)
+
+
+REAL_PROC_ROOT = "/proc"
+
+
+class SimulatedHost:
+    """The host files of a simulated node (`sim/hostroot.py`): a directory standing for the
+    whole host, so its `proc/` and `dev/` are read where a real node's `/proc` and `/dev`
+    would be. A temporary one is removed by `close()`."""
+
+    def __init__(self, root: str, temporary: bool) -> None:
+        self.root = root
+        self.temporary = temporary
+
+    @property
+    def proc_root(self) -> str:
+        return host_path(self.root, REAL_PROC_ROOT)
+
+    def close(self) -> None:
+        if self.temporary:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def given_driver_root(overrides: Mapping[str, str | None], env: Mapping[str, str]) -> str | None:
+    """The driver root given by `--nvidia-driver-root` or its variable, if any."""
+    return overrides.get("nvidia_driver_root") or env.get(ENV_OVERRIDES["nvidia_driver_root"])
+
+
+def open_simulated_host(simulate: str, driver_root: str | None) -> SimulatedHost:
+    """With a driver root given, that directory is the simulated host (made with
+    `deviceplugin sim-root`); otherwise the node's tree is laid out in a new temp dir."""
+    if driver_root:
+        return SimulatedHost(driver_root, temporary=False)
+    from deviceplugin.sim.hostroot import lay_out  # loaded only when simulating
+    from deviceplugin.sim.node import read_node, resolve_node_path
+
+    node = read_node(resolve_node_path(simulate))
+    root = tempfile.mkdtemp(prefix="dp-simhost-")
+    try:
+        lay_out(node, Path(root))
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return SimulatedHost(root, temporary=True)

@@ -20,6 +20,7 @@ class Status:
     config_source: str | None
     last_config_error: str | None
     started: bool
+    cdi_spec_error: str | None = None  # why the CDI spec could not be written; None when it was
 
     @property
     def not_ready(self) -> list[str]:
@@ -35,6 +36,8 @@ class Status:
             reasons.append("health monitor not running")
         if self.kubelet_restarting:
             reasons.append("kubelet restart in progress")
+        if self.cdi_spec_error:
+            reasons.append(f"CDI spec not written: {self.cdi_spec_error}")
         return reasons
 
     @property

@@ -1,0 +1,130 @@
+"""The files a simulated node's driver would put on the host, laid out under one directory.
+
+Stands for the whole host: `dev/` (GPU, control and MIG capability nodes), `proc/devices` and
+`proc/driver/nvidia-caps/mig-minors` (what the kernel module publishes), and placeholder
+user-space files of the node's driver version (`usr/lib/x86_64-linux-gnu/libcuda.so.<ver>` with
+its soname links, `usr/bin/nvidia-smi`, GSP firmware). Run as root, the device nodes are real
+character devices with the driver's majors and minors (a runtime can pass them into a
+container; opening one fails without the driver); otherwise they are empty plain files.
+`deviceplugin sim-root NODE DIR` writes such a tree; `serve --simulate` lays one out in a temp
+dir unless `--nvidia-driver-root` names one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from deviceplugin.model.hostpaths import MIG_MINORS, capability_node
+from deviceplugin.sim.node import Node
+
+NVIDIA_MAJOR = 195
+UVM_MAJOR = 510  # dynamic on a real host; /proc/devices says which
+CAPS_MAJOR = 234  # dynamic on a real host; /proc/devices says which
+CONTROL_NODES = {  # path -> (major, minor)
+    "/dev/nvidiactl": (NVIDIA_MAJOR, 255),
+    "/dev/nvidia-modeset": (NVIDIA_MAJOR, 254),
+    "/dev/nvidia-uvm": (UVM_MAJOR, 0),
+    "/dev/nvidia-uvm-tools": (UVM_MAJOR, 1),
+}
+# The driver's table covers 32 GPUs x 15 GPU instances x 8 compute instances.
+TABLE_GPUS, TABLE_GPU_INSTANCES, TABLE_COMPUTE_INSTANCES = 32, 15, 8
+LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
+LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so")
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")
+FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+
+
+def gpu_instance_minor(gpu: int, gpu_instance: int) -> int:
+    """The driver's minor for `gpu<gpu>/gi<gpu_instance>/access`."""
+    return 3 + 135 * gpu + 9 * gpu_instance
+
+
+def mig_minors_table() -> dict[str, int]:
+    """The whole mig-minors table the kernel module writes at load, in its order."""
+    table = {"config": 1, "monitor": 2}
+    for gpu in range(TABLE_GPUS):
+        for gi in range(TABLE_GPU_INSTANCES):
+            access = gpu_instance_minor(gpu, gi)
+            table[f"gpu{gpu}/gi{gi}/access"] = access
+            for ci in range(TABLE_COMPUTE_INSTANCES):
+                table[f"gpu{gpu}/gi{gi}/ci{ci}/access"] = access + 1 + ci
+    return table
+
+
+def proc_devices_text() -> str:
+    """/proc/devices with the driver's character majors."""
+    return (
+        "Character devices:\n  1 mem\n  5 /dev/tty\n"
+        f"{NVIDIA_MAJOR} nvidia-frontend\n{CAPS_MAJOR} nvidia-caps\n{UVM_MAJOR} nvidia-uvm\n"
+        "\nBlock devices:\n  8 sd\n"
+    )
+
+
+def device_nodes(node: Node) -> dict[str, tuple[int, int]]:
+    """Every device node of the simulated host: path -> (major, minor). The capability nodes
+    of every GPU instance and compute instance each GPU's minor can have, so a MIG re-cut finds
+    its nodes too."""
+    nodes = dict(CONTROL_NODES)
+    table = mig_minors_table()
+    for gpu in node.gpus:
+        nodes[f"/dev/nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
+        for key, minor in table.items():
+            if key.startswith(f"gpu{gpu.minor}/"):
+                nodes[capability_node(minor)] = (CAPS_MAJOR, minor)
+    for key in ("config", "monitor"):
+        nodes[capability_node(table[key])] = (CAPS_MAJOR, table[key])
+    return nodes
+
+
+def lay_out(node: Node, root: Path) -> bool:
+    """Write the host tree of `node` under `root` (created if missing; files already there are
+    replaced). True when the device nodes are real character devices."""
+    version = node.driver_version
+    table = "".join(f"{key} {minor}\n" for key, minor in mig_minors_table().items())
+    _write(root / "proc" / MIG_MINORS, table.encode())
+    _write(root / "proc/devices", proc_devices_text().encode())
+    real = os.geteuid() == 0
+    for path, (major, minor) in device_nodes(node).items():
+        real = _device(root / path.lstrip("/"), major, minor, real)
+    for library in LIBRARIES:
+        target = root / LIBRARY_DIR / f"{library}.{version}"
+        _write(target, f"placeholder: {library}.{version} of a simulated node\n".encode())
+        _link(target.parent / f"{library}.1", target.name)
+        _link(target.parent / library, f"{library}.1")
+    for binary in BINARIES:
+        _write(root / "usr/bin" / binary, f"#!/bin/sh\necho simulated {binary} {version}\n".encode())
+        (root / "usr/bin" / binary).chmod(0o755)
+    for firmware in FIRMWARE:
+        _write(root / "lib/firmware/nvidia" / version / firmware, b"placeholder firmware\n")
+    return real
+
+
+def _write(path: Path, content: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    path.chmod(0o644)
+
+
+def _link(path: Path, target: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    path.symlink_to(target)
+
+
+def _device(path: Path, major: int, minor: int, real: bool) -> bool:
+    """A character device (as root) or a plain file; False once mknod is refused (root without
+    CAP_MKNOD), so the rest of the tree is made of plain files too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    if real:
+        try:
+            os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            return True
+        except PermissionError:
+            pass
+    path.touch(0o644)
+    return False
