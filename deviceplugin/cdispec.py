@@ -48,9 +48,8 @@ class CdiSpecKeeper:
         for the caller to retry."""
         wanted = inventory is not None and bool(inventory.gpus) and cdi_enabled(config)
         options = CdiOptions.from_config(config)
-        if wanted and inventory is not None and self.error is None:
-            if self._in_force == (inventory, options):
-                return True
+        if wanted and self.error is None and self._in_force == (inventory, options):
+            return True
         path = str(self.writer.path)
         try:
             if wanted and inventory is not None:

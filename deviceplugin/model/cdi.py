@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceplugin.model.allocation import CDI_KIND, CONTROL_NODES, IdStrategy
+from deviceplugin.model.allocation import CDI_KIND, IdStrategy
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError
@@ -127,7 +127,9 @@ def common_edits(scan: HostScan, options: CdiOptions) -> dict[str, Any]:
     opt-out variable, the control nodes that exist, and read-only mounts of the driver's
     libraries, binaries and firmware."""
     edits: dict[str, Any] = {"env": [VISIBLE_DEVICES_VOID]}
-    nodes = [_node(node.path, options.dev_root, node.major, node.minor) for node in scan.control_nodes]
+    nodes = [
+        _node(node.path, options.dev_root, node.major, node.minor) for node in scan.control_nodes
+    ]
     if nodes:
         edits["deviceNodes"] = nodes
     files = (*scan.libraries, *scan.binaries, *scan.firmware)
@@ -153,9 +155,13 @@ def build_spec(inventory: Inventory, scan: HostScan, options: CdiOptions) -> dic
             edits = device_edits(gpu, mig, scan, options)
             for node in edits["deviceNodes"]:
                 every_node.setdefault(node["path"], node)
-            devices.append({"name": device_name(gpu, mig, options.id_strategy), "containerEdits": edits})
+            devices.append(
+                {"name": device_name(gpu, mig, options.id_strategy), "containerEdits": edits}
+            )
     if devices:
-        devices.append({"name": ALL_DEVICES, "containerEdits": {"deviceNodes": list(every_node.values())}})
+        devices.append(
+            {"name": ALL_DEVICES, "containerEdits": {"deviceNodes": list(every_node.values())}}
+        )
     spec: dict[str, Any] = {
         "cdiVersion": OLDEST_VERSION,
         "kind": options.kind,

@@ -41,7 +41,9 @@ class SpecWriter:
             if self.path.read_bytes() == content:
                 return False
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
+        fd, temp = tempfile.mkstemp(
+            dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
+        )
         try:
             with os.fdopen(fd, "wb") as file:
                 file.write(content)

@@ -120,7 +120,9 @@ def _libraries(root: str, version: str) -> tuple[str, ...]:
     if not version:
         return ()
     found: list[str] = []
-    for library in _found(root, (f"{d}/{lib}.{version}" for lib in LIBRARIES for d in LIBRARY_DIRS)):
+    for library in _found(
+        root, (f"{d}/{lib}.{version}" for lib in LIBRARIES for d in LIBRARY_DIRS)
+    ):
         found.append(library)
         directory = os.path.dirname(library)
         target = os.path.realpath(host_path(root, library))
@@ -131,7 +133,11 @@ def _libraries(root: str, version: str) -> tuple[str, ...]:
             continue
         for name in names:
             link = host_path(root, f"{directory}/{name}")
-            if name.startswith(prefix) and os.path.islink(link) and os.path.realpath(link) == target:
+            if (
+                name.startswith(prefix)
+                and os.path.islink(link)
+                and os.path.realpath(link) == target
+            ):
                 found.append(f"{directory}/{name}")
     return tuple(found)
 
@@ -143,7 +149,9 @@ def _firmware(root: str, version: str) -> tuple[str, ...]:
     for directory in FIRMWARE_DIRS:
         where = host_path(root, f"{directory}/{version}")
         try:
-            names = sorted(n for n in os.listdir(where) if n.startswith("gsp") and n.endswith(".bin"))
+            names = sorted(
+                n for n in os.listdir(where) if n.startswith("gsp") and n.endswith(".bin")
+            )
         except OSError:
             continue
         if names:

@@ -95,7 +95,9 @@ def lay_out(node: Node, root: Path) -> bool:
         _link(target.parent / f"{library}.1", target.name)
         _link(target.parent / library, f"{library}.1")
     for binary in BINARIES:
-        _write(root / "usr/bin" / binary, f"#!/bin/sh\necho simulated {binary} {version}\n".encode())
+        _write(
+            root / "usr/bin" / binary, f"#!/bin/sh\necho simulated {binary} {version}\n".encode()
+        )
         (root / "usr/bin" / binary).chmod(0o755)
     for firmware in FIRMWARE:
         _write(root / "lib/firmware/nvidia" / version / firmware, b"placeholder firmware\n")
