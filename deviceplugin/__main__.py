@@ -30,6 +30,14 @@ def _run(settings: Settings) -> int:
         from deviceplugin.inspect import inspect
 
         return inspect(settings)
+    if settings.command == "cdi-spec":
+        from deviceplugin.commands import cdi_spec
+
+        return cdi_spec(settings)
+    if settings.command == "sim-root":
+        from deviceplugin.commands import sim_root
+
+        return sim_root(settings)
     if settings.command == "dra explain":
         from deviceplugin.dra_explain import explain, options_from
 
@@ -44,11 +52,29 @@ def _run(settings: Settings) -> int:
     return 0
 
 
+# What each optional dependency is installed with (pyproject's extras).
+EXTRAS = {"kubernetes_asyncio": "dra", "aiohttp": "dra", "cel_expr_python": "cel"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
     configure(settings.log_format)
     try:
         return _run(settings)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").partition(".")[0]
+        if top not in EXTRAS:
+            logger.exception("internal.error")
+            return 1
+        log_event(
+            logger,
+            "startup.missing_dependency",
+            logging.ERROR,
+            command=settings.command,
+            module=top,
+            hint=f"install the {EXTRAS[top]!r} extra: pip install 'deviceplugin[{EXTRAS[top]}]'",
+        )
+        return 2
     except (ConfigError, DiscoveryError) as exc:
         field = exc.path if isinstance(exc, ConfigError) else ""
         log_event(logger, "startup.invalid", logging.ERROR, field=field, error=str(exc))

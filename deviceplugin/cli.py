@@ -16,6 +16,9 @@ from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.ops.logs import LogFormat
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
+DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
+DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
 
 # flag name (without --) -> (settings key, env var, help)
 _RUNTIME_FLAGS: dict[str, tuple[str, str, str]] = {
@@ -42,6 +45,32 @@ _RUNTIME_FLAGS: dict[str, tuple[str, str, str]] = {
         "DP_HEALTH_RECOVERY_AFTER",
         "hold-down before an Unhealthy device is re-probed: seconds, 5m, 1h, or off (default 5m)",
     ),
+    "cdi-spec-dir": (
+        "cdi_spec_dir",
+        "DP_CDI_SPEC_DIR",
+        f"where the CDI spec goes when a CDI strategy is on (default {DEFAULT_CDI_SPEC_DIR})",
+    ),
+}
+
+# `dra serve` only: flag name -> (settings key, env var, help)
+_DRA_FLAGS: dict[str, tuple[str, str, str]] = {
+    "driver-name": (
+        "driver_name",
+        "DP_DRA_DRIVER_NAME",
+        f"the DRA driver name (default {DEFAULT_DRA_DRIVER})",
+    ),
+    "kubelet-root": (
+        "kubelet_root",
+        "DP_KUBELET_ROOT",
+        f"the kubelet's root: plugins_registry/ and plugins/ are under it"
+        f" (default {DEFAULT_KUBELET_ROOT})",
+    ),
+    "kubeconfig": (
+        "kubeconfig",
+        "KUBECONFIG",
+        "kubeconfig for the API server (default: in-cluster config)",
+    ),
+    "node-name": ("node_name", "NODE_NAME", "this node's name (default: the host name)"),
 }
 
 _OVERRIDE_HELP = {
@@ -59,7 +88,7 @@ _OVERRIDE_HELP = {
 HEALTH_ENV_VARS = ("DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "DP_HEALTH_POLICY")
 
 SERVE_ENV_VARS: frozenset[str] = frozenset(
-    [env for _, env, _ in _RUNTIME_FLAGS.values()]
+    [env for _, env, _ in (*_RUNTIME_FLAGS.values(), *_DRA_FLAGS.values())]
     + list(ENV_OVERRIDES.values())
     + list(HEALTH_ENV_VARS)
 )
@@ -77,6 +106,7 @@ class Settings:
     http_address: str | None = None
     log_format: LogFormat = "text"
     health_recovery_after: str = "5m"
+    cdi_spec_dir: Path = Path(DEFAULT_CDI_SPEC_DIR)
     overrides: Mapping[str, str | None] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     output: str = "table"
@@ -86,6 +116,12 @@ class Settings:
     class_file: str | None = None  # dra explain --class
     claim_file: str | None = None  # dra explain --claim
     unhealthy: tuple[str, ...] = ()  # dra explain --unhealthy
+    node: str | None = None  # sim-root NODE
+    directory: str | None = None  # sim-root DIR
+    driver_name: str = DEFAULT_DRA_DRIVER  # dra serve
+    kubelet_root: Path = Path(DEFAULT_KUBELET_ROOT)  # dra serve
+    kubeconfig: str | None = None  # dra serve
+    node_name: str | None = None  # dra serve
 
 
 def _flag(key: str) -> str:
@@ -101,13 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="register with the kubelet and serve until stopped")
     inspect = commands.add_parser("inspect", help="show what serve advertises (or is advertising)")
-    for sub in (serve, inspect):
-        for name, (dest, env, text) in _RUNTIME_FLAGS.items():
-            sub.add_argument(f"--{name}", dest=dest, help=f"{text} [env {env}]")
-        for key, env in ENV_OVERRIDES.items():
-            sub.add_argument(
-                _flag(key), dest=key, help=f"{_OVERRIDE_HELP.get(key, '')} [env {env}]"
-            )
+    cdi_spec = commands.add_parser("cdi-spec", help="print the CDI spec serve would write")
+    for sub in (serve, inspect, cdi_spec):
+        _add_serve_flags(sub, _RUNTIME_FLAGS)
+    cdi_spec.add_argument("-o", "--output", choices=("json", "yaml"), default="json")
     inspect.add_argument("-o", "--output", choices=("table", "json"), default="table")
     inspect.add_argument("--pods", action="store_true", help="show which pod holds each device")
     inspect.add_argument(
@@ -116,8 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate-config", help="check a config file")
     validate.add_argument("path", metavar="FILE")
     commands.add_parser("demo", help="run serve on a simulated node against a kubelet emulator")
+    sim_root = commands.add_parser(
+        "sim-root", help="write a simulated node's host files (dev/, proc/, driver) under DIR"
+    )
+    sim_root.add_argument("node", metavar="NODE", help="a preset name or a node YAML file")
+    sim_root.add_argument("directory", metavar="DIR")
     dra = commands.add_parser("dra", help="the DRA driver")
     dra_commands = dra.add_subparsers(dest="dra_command", required=True, metavar="COMMAND")
+    dra_serve = dra_commands.add_parser(
+        "serve", help="publish ResourceSlices and serve the kubelet's DRA API until stopped"
+    )
+    dra_runtime = {k: v for k, v in _RUNTIME_FLAGS.items() if k != "kubelet-dir"}
+    _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS})
     explain = dra_commands.add_parser(
         "explain", help="which devices DeviceClass selectors match on a node, and a claim's devices"
     )
@@ -127,14 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--unhealthy", action="append", default=[], metavar="UUID", help="mark a device unhealthy"
     )
     explain.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    for name in ("config-file", "simulate", "simulate-events"):
-        dest, env, text = _RUNTIME_FLAGS[name]
-        explain.add_argument(f"--{name}", dest=dest, help=f"{text} [env {env}]")
-    for key, env in ENV_OVERRIDES.items():
-        explain.add_argument(
-            _flag(key), dest=key, help=f"{_OVERRIDE_HELP.get(key, '')} [env {env}]"
-        )
+    explain_flags = ("config-file", "simulate", "simulate-events")
+    _add_serve_flags(explain, {name: _RUNTIME_FLAGS[name] for name in explain_flags})
     return parser
+
+
+def _add_serve_flags(
+    parser: argparse.ArgumentParser, flags: Mapping[str, tuple[str, str, str]]
+) -> None:
+    """`flags` and every config override, each naming its environment variable in its help."""
+    for name, (dest, env, text) in flags.items():
+        parser.add_argument(f"--{name}", dest=dest, help=f"{text} [env {env}]")
+    for key, env in ENV_OVERRIDES.items():
+        parser.add_argument(_flag(key), dest=key, help=f"{_OVERRIDE_HELP.get(key, '')} [env {env}]")
 
 
 def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
@@ -145,7 +193,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     args = parser.parse_args(list(argv))
     values = vars(args)
     runtime: dict[str, str | None] = {}
-    for dest, env_name, _ in _RUNTIME_FLAGS.values():
+    for dest, env_name, _ in (*_RUNTIME_FLAGS.values(), *_DRA_FLAGS.values()):
         given = values.get(dest)
         runtime[dest] = given if given is not None else env.get(env_name) or None
     log_format = runtime["log_format"] or "text"
@@ -174,4 +222,11 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         class_file=values.get("class_file"),
         claim_file=values.get("claim_file"),
         unhealthy=tuple(values.get("unhealthy") or ()),
+        cdi_spec_dir=Path(runtime["cdi_spec_dir"] or DEFAULT_CDI_SPEC_DIR),
+        node=values.get("node"),
+        directory=values.get("directory"),
+        driver_name=runtime["driver_name"] or DEFAULT_DRA_DRIVER,
+        kubelet_root=Path(runtime["kubelet_root"] or DEFAULT_KUBELET_ROOT),
+        kubeconfig=runtime["kubeconfig"],
+        node_name=runtime["node_name"],
     )

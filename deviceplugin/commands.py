@@ -1,13 +1,22 @@
-"""One-shot commands that do not serve: `validate-config`."""
+"""One-shot commands that do not serve: `validate-config`, `cdi-spec`, `sim-root`."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
+from pathlib import Path
 
+import yaml
+
+from deviceplugin.cdispec import node_spec
 from deviceplugin.cli import Settings
-from deviceplugin.model.config import parse_config, summary
+from deviceplugin.host import open_nvml, open_simulated_host, proc_root
+from deviceplugin.model.cdi import cdi_enabled
+from deviceplugin.model.config import load_config, parse_config, summary
 from deviceplugin.model.config_keys import read_text
-from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.errors import ConfigError, DevicePluginError
+from deviceplugin.node.discovery import discover
 
 
 def validate_config(settings: Settings) -> int:
@@ -23,4 +32,54 @@ def validate_config(settings: Settings) -> int:
     for warning in parsed.warnings:
         print(f"{path}: warning: {warning}", file=sys.stderr)
     print(f"{path}: {summary(parsed.config)}")
+    return 0
+
+
+def cdi_spec(settings: Settings) -> int:
+    """Print the CDI spec `serve` with these flags would write on this node (exit 0), so it
+    can be diffed against another generator's. Says on stderr when no CDI strategy is on."""
+    config = load_config(settings.config_file, settings.overrides, settings.env).config
+    host = open_simulated_host(settings.simulate, config)
+    try:
+        if host is not None and host.overrides:
+            overrides = {**settings.overrides, **host.overrides}
+            config = load_config(settings.config_file, overrides, settings.env).config
+        nvml = open_nvml(settings.simulate)
+        nvml.init()
+        try:
+            inventory = discover(nvml)
+        finally:
+            with contextlib.suppress(DevicePluginError):
+                nvml.shutdown()
+        spec = node_spec(inventory, config, proc_root(host))
+    finally:
+        if host is not None:
+            host.close()
+    if not cdi_enabled(config):
+        print(
+            "note: no CDI strategy in deviceListStrategy: serve writes no spec; "
+            "this is the spec it would write with one",
+            file=sys.stderr,
+        )
+    if settings.output == "yaml":
+        print(yaml.safe_dump(spec, sort_keys=False), end="")
+    else:
+        print(json.dumps(spec, indent=2))
+    return 0
+
+
+def sim_root(settings: Settings) -> int:
+    """Write the host tree of a simulated node under DIR, for `--nvidia-driver-root DIR`."""
+    from deviceplugin.sim.hostroot import lay_out
+    from deviceplugin.sim.node import read_node, resolve_node_path
+
+    directory = Path(settings.directory or "")
+    node = read_node(resolve_node_path(settings.node or ""))
+    try:
+        real = lay_out(node, directory)
+    except OSError as exc:
+        print(f"sim-root: cannot write {directory}: {exc.strerror}", file=sys.stderr)
+        return 1
+    kind = "character devices" if real else "plain files (not root: no mknod)"
+    print(f"{directory}: {len(node.gpus)} GPUs' host files, device nodes as {kind}")
     return 0

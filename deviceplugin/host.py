@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 
-from deviceplugin.model.config import ENV_OVERRIDES
+from deviceplugin.model.config import Config
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.hostpaths import host_path
 from deviceplugin.node.nvml import Nvml, real_nvml
@@ -31,6 +30,7 @@ def open_nvml(simulate: str | None, events_path: str | None = None) -> Nvml:
 
 
 REAL_PROC_ROOT = "/proc"
+DRIVER_ROOT_OVERRIDE = "nvidia_driver_root"
 
 
 class SimulatedHost:
@@ -46,21 +46,25 @@ class SimulatedHost:
     def proc_root(self) -> str:
         return host_path(self.root, REAL_PROC_ROOT)
 
+    @property
+    def overrides(self) -> dict[str, str | None]:
+        """The config overrides that point the driver root at a temporary tree (none for a
+        tree the user gave: the config already names it)."""
+        return {DRIVER_ROOT_OVERRIDE: self.root} if self.temporary else {}
+
     def close(self) -> None:
         if self.temporary:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def given_driver_root(overrides: Mapping[str, str | None], env: Mapping[str, str]) -> str | None:
-    """The driver root given by `--nvidia-driver-root` or its variable, if any."""
-    return overrides.get("nvidia_driver_root") or env.get(ENV_OVERRIDES["nvidia_driver_root"])
-
-
-def open_simulated_host(simulate: str, driver_root: str | None) -> SimulatedHost:
-    """With a driver root given, that directory is the simulated host (made with
-    `deviceplugin sim-root`); otherwise the node's tree is laid out in a new temp dir."""
-    if driver_root:
-        return SimulatedHost(driver_root, temporary=False)
+def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost | None:
+    """None on a real node. Under `--simulate`, the config's driver root is the simulated host
+    when one is set (a tree made with `deviceplugin sim-root`); otherwise the node's tree is
+    laid out in a new temp dir, removed by `close()`."""
+    if simulate is None:
+        return None
+    if config.flags.nvidia_driver_root != "/":
+        return SimulatedHost(config.flags.nvidia_driver_root, temporary=False)
     from deviceplugin.sim.hostroot import lay_out  # loaded only when simulating
     from deviceplugin.sim.node import read_node, resolve_node_path
 
@@ -72,3 +76,8 @@ def open_simulated_host(simulate: str, driver_root: str | None) -> SimulatedHost
         shutil.rmtree(root, ignore_errors=True)
         raise
     return SimulatedHost(root, temporary=True)
+
+
+def proc_root(host: SimulatedHost | None) -> str:
+    """Where the kernel module's files are read: the simulated host's, or the real `/proc`."""
+    return host.proc_root if host is not None else REAL_PROC_ROOT
