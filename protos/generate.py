@@ -18,6 +18,9 @@ REPO_ROOT = PROTO_ROOT.parent
 PROTOS = (
     "deviceplugin/kubelet/v1beta1/api.proto",
     "deviceplugin/kubelet/podresources/v1/api.proto",
+    "deviceplugin/dra/v1/api.proto",
+    "deviceplugin/dra/v1beta1/api.proto",
+    "deviceplugin/dra/pluginregistration/v1/api.proto",
 )
 
 

@@ -3,6 +3,7 @@ the kubelet's API."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -86,3 +87,52 @@ def test_services_and_package() -> None:
     }
     assert plugin["ListAndWatch"].server_streaming
     assert not any(m.client_streaming for m in plugin.values())
+
+
+def _dra_messages(module: object) -> dict[str, dict[str, int]]:
+    messages = module.DESCRIPTOR.message_types_by_name  # type: ignore[attr-defined]
+    return {name: {f.name: f.number for f in m.fields} for name, m in messages.items()}
+
+
+DRA_FIELDS = {
+    "NodePrepareResourcesRequest": {"claims": 1},
+    "NodePrepareResourcesResponse": {"claims": 1},
+    "NodePrepareResourceResponse": {"devices": 1, "error": 2},
+    "Device": {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4},
+    "NodeUnprepareResourcesRequest": {"claims": 1},
+    "NodeUnprepareResourcesResponse": {"claims": 1},
+    "NodeUnprepareResourceResponse": {"error": 1},
+    "Claim": {"namespace": 1, "uid": 2, "name": 3},
+}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_dra_wire_names(version: str) -> None:
+    module = importlib.import_module(f"deviceplugin.dra.{version}.api_pb2")
+    package = f"k8s.io.kubelet.pkg.apis.dra.{version}"
+    assert module.DESCRIPTOR.package == package
+    fields = {name: dict(f) for name, f in DRA_FIELDS.items()}
+    if version == "v1":
+        fields["Device"]["share_id"] = 5
+    messages = _dra_messages(module)
+    assert {name: messages[name] for name in fields} == fields
+    service = module.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert service.full_name == f"{package}.DRAPlugin"
+    assert set(service.methods_by_name) == {"NodePrepareResources", "NodeUnprepareResources"}
+    response = module.DESCRIPTOR.message_types_by_name["NodePrepareResourcesResponse"]
+    assert response.fields_by_name["claims"].message_type.GetOptions().map_entry
+
+
+def test_plugin_registration_wire_names() -> None:
+    from deviceplugin.dra.pluginregistration.v1 import api_pb2 as registration
+
+    assert registration.DESCRIPTOR.package == "pluginregistration"
+    assert _dra_messages(registration) == {
+        "PluginInfo": {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4},
+        "RegistrationStatus": {"plugin_registered": 1, "error": 2},
+        "RegistrationStatusResponse": {},
+        "InfoRequest": {},
+    }
+    service = registration.DESCRIPTOR.services_by_name["Registration"]
+    assert service.full_name == "pluginregistration.Registration"
+    assert set(service.methods_by_name) == {"GetInfo", "NotifyRegistrationStatus"}

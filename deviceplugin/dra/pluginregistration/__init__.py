@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the kubelet plugin-registration API; regenerate with `make protos`."""
