@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import dra, preferred, scenarios
+from bench import cdi, dra, preferred, scenarios
 from bench.report import Figure, table, write_json
 
 RESULTS = Path(__file__).parent / "results.json"
@@ -29,6 +29,7 @@ GROUPS: list[tuple[str, Group]] = [
     ("default node: idle, Allocate, events, reloads", scenarios.default_node_figures),
     ("large node: preferred allocation over gRPC", scenarios.large_node_figures),
     ("DRA: publishing 64 GPUs x 7 MIG to the API-server stand-in", dra.run),
+    ("CDI: the spec of 64 GPUs x 7 MIG", cdi.run),
 ]
 
 

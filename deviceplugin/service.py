@@ -29,13 +29,15 @@ SOCKET_CHECK_SECONDS = 5.0
 
 
 async def _periodic(supervisor: Supervisor) -> None:
-    """Check sockets every few seconds and the inventory every minute."""
+    """Check sockets (and retry a CDI spec that could not be written) every few seconds, and
+    the inventory every minute."""
     elapsed = 0.0
     while True:
         await asyncio.sleep(SOCKET_CHECK_SECONDS)
         elapsed += SOCKET_CHECK_SECONDS
         try:
             await supervisor.check_kubelet("periodic check")
+            await supervisor.retry_cdi_spec()
             if elapsed >= REDISCOVER_SECONDS:
                 elapsed = 0.0
                 await supervisor.rediscover()

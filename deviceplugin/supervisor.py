@@ -17,8 +17,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from deviceplugin.background import spawn
+from deviceplugin.cdispec import CdiSpecKeeper
 from deviceplugin.cli import Settings
-from deviceplugin.host import open_nvml
+from deviceplugin.host import SimulatedHost, open_nvml, open_simulated_host, proc_root
 from deviceplugin.kubelet.registrar import Registrar
 from deviceplugin.kubelet.responder import NodeAllocator
 from deviceplugin.kubelet.server import PluginServer
@@ -31,6 +32,7 @@ from deviceplugin.model.log import log_event
 from deviceplugin.model.resources import Plan, ResourceSet, apply_health, build_plan
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import HealthChange, HealthMonitor, HealthPolicy, parse_duration
+from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.node.nvml import Nvml
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.ops.status import Status
@@ -77,7 +79,10 @@ class Supervisor:
         self._socket_names: frozenset[str] = frozenset()  # read by watcher threads
         self._registrar = Registrar(settings.kubelet_dir, self.metrics)
         self._monitor: HealthMonitor | None = None
+        self._overrides: Mapping[str, str | None] = settings.overrides
+        self._host: SimulatedHost | None = None  # the simulated node's host files
         self._allocator = NodeAllocator(Config())  # configured by every adopted config
+        self._cdi = CdiSpecKeeper(settings.cdi_spec_dir, proc_root(None))
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self._stopping = False
@@ -92,6 +97,7 @@ class Supervisor:
         policy = HealthPolicy.from_env(self.settings.env)
         recovery_after = parse_duration(self.settings.health_recovery_after)
         parsed, text = self._read_config()
+        parsed = self._open_host(parsed, text)
         self._adopt_config(parsed, text, AllocateOptions.from_config(parsed.config))
         config = parsed.config
         self._prepare_kubelet_dir()
@@ -109,12 +115,14 @@ class Supervisor:
                 error=str(exc),
                 hint="failOnInitError is false: advertising nothing, watching config",
             )
+            self._cdi.sync(None, config)
             self._started = True
             return
         inventory = await asyncio.to_thread(discover, self._nvml)
         self.metrics.set_driver_version(inventory.driver_version)
         self._adopt_inventory(inventory, build_plan(inventory, config))
         async with self._lock:
+            self._cdi.sync(self._inventory, config)  # every CDI name defined before registering
             await self._reconcile()
         self._start_monitor(policy, recovery_after)
         self._started = True
@@ -138,6 +146,8 @@ class Supervisor:
         if self._nvml is not None:
             with contextlib.suppress(DevicePluginError):
                 self._nvml.shutdown()
+        if self._host is not None:  # the CDI spec stays: running containers are defined by it
+            self._host.close()
         log_event(logger, "plugin.stopped")
 
     def status(self) -> Status:
@@ -150,6 +160,7 @@ class Supervisor:
             config_source=self.settings.config_file,
             last_config_error=self._last_config_error,
             started=self._started,
+            cdi_spec_error=self._cdi.error,
         )
 
     @property
@@ -187,6 +198,7 @@ class Supervisor:
                 self._adopt_inventory(inventory, plan)
             self._adopt_config(parsed, text, options)
             self.metrics.config_reloads.labels("applied").inc()
+            self._cdi.sync(self._inventory, parsed.config)
             await self._reconcile()
             return True
 
@@ -205,8 +217,16 @@ class Supervisor:
                 return False
             log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
             self._adopt_inventory(inventory, plan)
+            self._cdi.sync(self._inventory, self.config)
             await self._reconcile()
             return True
+
+    async def retry_cdi_spec(self) -> bool:
+        """Try again to write the CDI spec whose last write failed; True when it is in place."""
+        async with self._lock:
+            if self._stopping or self._cdi.error is None:
+                return self._cdi.error is None
+            return self._cdi.sync(self._inventory, self.config)
 
     async def kubelet_restarted(self, trigger: str) -> None:
         """Serve again where our sockets are gone and register everything again."""
@@ -273,9 +293,21 @@ class Supervisor:
 
     def _parse(self, text: str) -> ParsedConfig:
         """The file's content with flag and environment overrides applied."""
-        return load_config_text(
-            text, self.settings.config_file, self.settings.overrides, self.settings.env
-        )
+        return load_config_text(text, self.settings.config_file, self._overrides, self.settings.env)
+
+    def _open_host(self, parsed: ParsedConfig, text: str) -> ParsedConfig:
+        """Under `--simulate`, open the simulated node's host files and read device nodes,
+        mig-minors and driver files there (Allocate and the CDI spec alike); `parsed` again
+        with a temporary tree's driver root when the simulator laid one out."""
+        self._host = open_simulated_host(self.settings.simulate, parsed.config)
+        if self._host is None:
+            return parsed
+        self._allocator = NodeAllocator(Config(), host=HostDevices(self._host.proc_root))
+        self._cdi = CdiSpecKeeper(self.settings.cdi_spec_dir, self._host.proc_root)
+        if not self._host.overrides:
+            return parsed
+        self._overrides = {**self.settings.overrides, **self._host.overrides}
+        return self._parse(text)
 
     def _adopt_config(self, parsed: ParsedConfig, text: str, options: AllocateOptions) -> None:
         self._parsed, self._config_text, self._rejected_text = parsed, text, None

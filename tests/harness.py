@@ -8,7 +8,7 @@ import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,11 @@ class Plugin:
     @property
     def kubelet_dir(self) -> Path:
         return self.root / "k"
+
+    @property
+    def cdi_spec(self) -> Path:
+        """Where the plugin writes its CDI spec (`--cdi-spec-dir` is `<root>/cdi`)."""
+        return self.root / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json"
 
     def settled(self) -> bool:
         """Ready, and the kubelet has the first list of every resource it registered."""
@@ -71,9 +76,13 @@ async def running_plugin(
     wait_registered: bool = True,
     recovery: str = "off",
     configmap: bool = True,
+    kubelet_type: Callable[[Path], KubeletEmulator] = KubeletEmulator,
+    cdi_spec_dir: Path | None = None,
 ) -> AsyncIterator[Plugin]:
+    """`kubelet_type` makes the emulator on the kubelet directory (a subclass can observe
+    registrations); `cdi_spec_dir` replaces `<root>/cdi`."""
     root = Path(tempfile.mkdtemp(prefix="dpt"))
-    kubelet = KubeletEmulator(root / "k")
+    kubelet = kubelet_type(root / "k")
     if start_kubelet:
         await kubelet.start()
     if configmap:
@@ -91,6 +100,7 @@ async def running_plugin(
         simulate_events=str(events),
         config_file=str(config),
         health_recovery_after=recovery,
+        cdi_spec_dir=cdi_spec_dir or root / "cdi",
         env=dict(env or {}),
     )
     supervisor = Supervisor(settings, Metrics())
