@@ -1,0 +1,102 @@
+"""The kubelet's plugin registration for the DRA driver: `pluginregistration.Registration` on
+`<kubelet-root>/plugins_registry/<driver>-reg.sock`.
+
+The kubelet's plugin watcher finds the socket, calls GetInfo (type `DRAPlugin`, the driver name,
+the absolute path of the DRA socket, and the DRA services served there), dials that endpoint and
+reports the outcome with NotifyRegistrationStatus. It takes the first service of
+`supported_versions` it knows, so the newest goes first. Removing the socket deregisters the
+driver, so the socket is created only once the DRA socket serves, and removed on stop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from deviceplugin.dra.pluginregistration.v1 import api_pb2, api_pb2_grpc
+from deviceplugin.model.log import log_event
+from deviceplugin.node.unixgrpc import close_unix, listen_unix
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_TYPE = "DRAPlugin"
+# "<gRPC package's last part>.<service>", as k8s.io/kubelet/pkg/apis/dra/*/types.go name them.
+SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+REGISTRY_DIR = "plugins_registry"
+PLUGINS_DIR = "plugins"
+
+
+def registration_socket(kubelet_root: Path, driver: str) -> Path:
+    """`<kubelet-root>/plugins_registry/<driver>-reg.sock`."""
+    return kubelet_root / REGISTRY_DIR / f"{driver}-reg.sock"
+
+
+def plugin_dir(kubelet_root: Path, driver: str) -> Path:
+    """`<kubelet-root>/plugins/<driver>`: the DRA socket and the checkpoint live here."""
+    return kubelet_root / PLUGINS_DIR / driver
+
+
+class RegistrationServer(api_pb2_grpc.RegistrationServicer):
+    """Answers the plugin watcher for one driver. `on_status(registered, error)` is called for
+    every NotifyRegistrationStatus (the root re-publishes slices after a registration, since the
+    kubelet wipes them while no plugin is registered)."""
+
+    def __init__(
+        self,
+        driver: str,
+        endpoint: Path,
+        socket: Path,
+        on_status: Callable[[bool, str], None] | None = None,
+    ) -> None:
+        self.driver = driver
+        self.endpoint = endpoint
+        self.socket = socket
+        self.registered = False
+        self._on_status = on_status
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen on the registration socket (a stale one is replaced)."""
+        self.socket.parent.mkdir(parents=True, exist_ok=True)
+        self._server = await listen_unix(
+            self.socket,
+            lambda server: api_pb2_grpc.add_RegistrationServicer_to_server(self, server),
+        )
+
+    async def stop(self, grace: float = 0.5) -> None:
+        """Stop serving and remove the socket, which deregisters the driver."""
+        server, self._server = self._server, None
+        await close_unix(server, self.socket, grace)
+        self.registered = False
+
+    async def GetInfo(
+        self, request: api_pb2.InfoRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.PluginInfo:
+        return api_pb2.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self.driver,
+            endpoint=str(self.endpoint),
+            supported_versions=list(SUPPORTED_SERVICES),
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: api_pb2.RegistrationStatus, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.RegistrationStatusResponse:
+        self.registered = request.plugin_registered
+        if request.plugin_registered:
+            log_event(logger, "dra.registered", driver=self.driver, endpoint=str(self.endpoint))
+        else:
+            log_event(
+                logger,
+                "dra.registration.refused",
+                logging.ERROR,
+                driver=self.driver,
+                error=request.error,
+            )
+        if self._on_status is not None:
+            self._on_status(request.plugin_registered, request.error)
+        return api_pb2.RegistrationStatusResponse()

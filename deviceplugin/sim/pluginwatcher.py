@@ -1,0 +1,248 @@
+"""A kubelet plugin-watcher emulator for DRA drivers: registration and DRA calls over the real
+unix sockets, as the kubelet's plugin manager and DRA manager make them.
+
+It polls `<root>/plugins_registry/` for sockets (names starting with `.` are skipped, like the
+kubelet's watcher does), and for each new one: GetInfo (1 s timeout); a type other than
+`DRAPlugin` is refused; the plugin's `supported_versions` must name a DRA service this kubelet
+speaks, and the first one that does is chosen (the kubelet takes the plugin's order); the same
+endpoint registered twice for a driver is refused; a channel to the endpoint is opened (the
+kubelet does not wait for it to connect: `connected` says whether it did within a second); then
+NotifyRegistrationStatus (5 s timeout) reports the outcome, with the kubelet's error texts.
+A failed registration is retried every second, as the plugin manager's reconciler does. A
+socket that disappears deregisters the plugin; one re-created (a restarted driver) registers
+again. `prepare` / `unprepare` call the chosen service, or a given version, as the kubelet
+does when a pod using claims starts or ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from deviceplugin.dra.pluginregistration.v1 import api_pb2 as registration
+from deviceplugin.dra.pluginregistration.v1 import api_pb2_grpc as registration_grpc
+from deviceplugin.dra.v1 import api_pb2 as v1
+from deviceplugin.dra.v1 import api_pb2_grpc as v1_grpc
+from deviceplugin.dra.v1beta1 import api_pb2 as v1beta1
+from deviceplugin.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+
+REGISTRY_DIR = "plugins_registry"
+DRA_TYPE = "DRAPlugin"
+# The kubelet's servicesSupportedByKubelet (1.34+), newest first; a 1.32 kubelet knows v1beta1 only.
+KUBELET_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+_STUBS: dict[str, tuple[ModuleType, ModuleType]] = {
+    "v1.DRAPlugin": (v1, v1_grpc),
+    "v1beta1.DRAPlugin": (v1beta1, v1beta1_grpc),
+}
+GET_INFO_TIMEOUT = 1.0
+NOTIFY_TIMEOUT = 5.0
+CALL_TIMEOUT = 45.0  # the kubelet's default DRA call timeout
+RETRY_SECONDS = 1.0  # the plugin manager's reconciler retries a failed registration
+ClaimTriple = tuple[str, str, str]  # namespace, name, uid
+
+
+@dataclass
+class Plugin:
+    """A registered DRA plugin."""
+
+    name: str
+    endpoint: str
+    service: str  # the service chosen from its supported versions
+    socket: Path  # its registration socket
+    channel: grpc.aio.Channel
+    connected: bool = False
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One registration attempt as the kubelet made it."""
+
+    socket: str
+    name: str
+    ok: bool
+    error: str
+    versions: tuple[str, ...] = ()
+
+
+@dataclass
+class _Seen:
+    inode: int
+    name: str = ""  # registered under this driver name; "" after a failed attempt
+    retry_at: float = 0.0
+
+
+@dataclass
+class PluginWatcher:
+    """Start with `await start()`; `plugins` maps driver name to its registered plugin."""
+
+    root: Path
+    poll: float = 0.05
+    services: tuple[str, ...] = KUBELET_SERVICES
+    plugins: dict[str, Plugin] = field(default_factory=dict)
+    attempts: list[Attempt] = field(default_factory=list)
+    _seen: dict[Path, _Seen] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def registry(self) -> Path:
+        return self.root / REGISTRY_DIR
+
+    async def start(self) -> None:
+        self.registry.mkdir(parents=True, exist_ok=True)
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for plugin in list(self.plugins.values()):
+            await plugin.channel.close(None)
+        self.plugins.clear()
+
+    async def wait_registered(self, driver: str, timeout: float = 5.0) -> Plugin:
+        """The plugin once `driver` is registered; TimeoutError otherwise."""
+        await self._wait(lambda: driver in self.plugins, timeout)
+        return self.plugins[driver]
+
+    async def wait_deregistered(self, driver: str, timeout: float = 5.0) -> None:
+        await self._wait(lambda: driver not in self.plugins, timeout)
+
+    async def prepare(
+        self, driver: str, claims: Sequence[ClaimTriple], version: str | None = None
+    ) -> Any:
+        """NodePrepareResources for `claims`: the chosen service's response message."""
+        messages, stub = self._stub(driver, version)
+        request = messages.NodePrepareResourcesRequest(claims=_claims(messages, claims))
+        return await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
+
+    async def unprepare(
+        self, driver: str, claims: Sequence[ClaimTriple], version: str | None = None
+    ) -> Any:
+        messages, stub = self._stub(driver, version)
+        request = messages.NodeUnprepareResourcesRequest(claims=_claims(messages, claims))
+        return await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
+
+    # --- watching -------------------------------------------------------------------------------
+
+    async def _wait(self, done: Any, timeout: float) -> None:
+        async with asyncio.timeout(timeout):
+            while not done():
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def _watch(self) -> None:
+        while True:
+            await self._scan()
+            await asyncio.sleep(self.poll)
+
+    async def _scan(self) -> None:
+        present = dict(_sockets(self.registry))
+        for path, seen in list(self._seen.items()):
+            if present.get(path) != seen.inode:
+                del self._seen[path]
+                await self._deregister(seen.name, path)
+        now = asyncio.get_running_loop().time()
+        for path, inode in present.items():
+            seen = self._seen.setdefault(path, _Seen(inode))
+            if not seen.name and now >= seen.retry_at:
+                seen.name = await self._register(path)
+                seen.retry_at = now + RETRY_SECONDS
+        self._changed.set()
+
+    async def _register(self, socket: Path) -> str:
+        """One registration, reported back to the plugin; the driver name registered or ""."""
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            stub = registration_grpc.RegistrationStub(channel)
+            try:
+                info = await stub.GetInfo(registration.InfoRequest(), timeout=GET_INFO_TIMEOUT)
+            except grpc.aio.AioRpcError as err:
+                self.attempts.append(Attempt(str(socket), "", False, f"GetInfo: {err.details()}"))
+                return ""
+            versions = tuple(info.supported_versions)
+            error = self._refusal(info, socket)
+            plugin = None
+            if not error:
+                plugin = Plugin(
+                    info.name,
+                    info.endpoint or str(socket),
+                    next(s for s in versions if s in self.services),
+                    socket,
+                    grpc.aio.insecure_channel(f"unix://{info.endpoint or socket}"),
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(plugin.channel.channel_ready(), 1.0)
+                    plugin.connected = True
+                self.plugins[info.name] = plugin
+            self.attempts.append(Attempt(str(socket), info.name, not error, error, versions))
+            status = registration.RegistrationStatus(plugin_registered=not error, error=error)
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.NotifyRegistrationStatus(status, timeout=NOTIFY_TIMEOUT)
+            return info.name if plugin is not None else ""
+
+    def _refusal(self, info: registration.PluginInfo, socket: Path) -> str:
+        """The kubelet's reason to refuse this plugin, or ""."""
+        if info.type != DRA_TYPE:
+            return f"no handler registered for plugin type: {info.type} at socket {socket}"
+        endpoint = info.endpoint or str(socket)
+        prefix = f"invalid supported gRPC versions of DRA driver plugin {info.name} at endpoint"
+        versions = list(info.supported_versions)
+        if not versions:
+            empty = "empty list of supported gRPC services (aka supported versions)"
+            return f"{prefix} {endpoint}: {empty}"
+        if not any(v in self.services for v in versions):
+            return (
+                f"{prefix} {endpoint}: none of services supported by the plugin ({versions}) "
+                f"are supported by the kubelet ({list(self.services)})"
+            )
+        known = self.plugins.get(info.name)
+        if known is not None and known.endpoint == endpoint:
+            return f"endpoint {endpoint} already registered for DRA driver plugin {info.name}"
+        return ""
+
+    async def _deregister(self, name: str, socket: Path) -> None:
+        plugin = self.plugins.get(name)
+        if plugin is not None and plugin.socket == socket:
+            del self.plugins[name]
+            await plugin.channel.close(None)
+
+    def _stub(self, driver: str, version: str | None) -> tuple[ModuleType, Any]:
+        plugin = self.plugins.get(driver)
+        if plugin is None:
+            raise LookupError(f"DRA driver {driver} is not registered")
+        messages, grpc_module = _STUBS[version or plugin.service]
+        return messages, grpc_module.DRAPluginStub(plugin.channel)
+
+
+def claim_triples(claims: Iterable[Mapping[str, Any]]) -> list[ClaimTriple]:
+    """(namespace, name, uid) of ResourceClaim objects, as the kubelet sends them."""
+    return [
+        (c["metadata"].get("namespace", "default"), c["metadata"]["name"], c["metadata"]["uid"])
+        for c in claims
+    ]
+
+
+def _claims(messages: ModuleType, claims: Sequence[ClaimTriple]) -> list[Any]:
+    return [messages.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
+
+
+def _sockets(directory: Path) -> Iterable[tuple[Path, int]]:
+    with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISSOCK(info.st_mode):
+                    yield Path(entry.path), info.st_ino
