@@ -1,0 +1,104 @@
+"""The kubelet's DRA service, `v1` and `v1beta1` on one socket: `<kubelet-root>/plugins/<driver>/
+dra.sock`.
+
+Kubelets 1.32 and 1.33 speak only `v1beta1.DRAPlugin`, 1.34 and later prefer `v1.DRAPlugin`;
+the two differ in the proto package and in v1's optional `share_id`, so one implementation,
+given each version's messages, serves both. Per-claim failures travel in the claim's `error`
+(the kubelet retries that claim); a gRPC error would make the kubelet drop the whole answer,
+so only a bug in this driver produces one (INTERNAL, logged).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import grpc
+
+from deviceplugin.dra.prepare import ClaimRef, Preparer
+from deviceplugin.dra.v1 import api_pb2 as v1
+from deviceplugin.dra.v1 import api_pb2_grpc as v1_grpc
+from deviceplugin.dra.v1beta1 import api_pb2 as v1beta1
+from deviceplugin.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from deviceplugin.model.log import log_exception
+from deviceplugin.node.unixgrpc import close_unix, listen_unix
+
+logger = logging.getLogger(__name__)
+
+SOCKET_NAME = "dra.sock"
+
+
+class _Service:
+    """NodePrepareResources / NodeUnprepareResources over one version's messages."""
+
+    def __init__(self, messages: ModuleType, preparer: Preparer) -> None:
+        self._messages = messages
+        self._preparer = preparer
+
+    async def NodePrepareResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        try:
+            outcomes = await self._preparer.prepare(_refs(request))
+        except Exception as err:
+            log_exception(logger, "dra.prepare.failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"prepare failed: {err}")
+        response = self._messages.NodePrepareResourcesResponse()
+        for uid, outcome in outcomes.items():
+            entry = response.claims[uid]
+            if outcome.error:
+                entry.error = outcome.error
+                continue
+            entry.devices.extend(
+                self._messages.Device(
+                    request_names=list(d.requests),
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=list(d.cdi_ids),
+                )
+                for d in outcome.devices
+            )
+        return response
+
+    async def NodeUnprepareResources(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        try:
+            errors = await self._preparer.unprepare(_refs(request))
+        except Exception as err:
+            log_exception(logger, "dra.unprepare.failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"unprepare failed: {err}")
+        response = self._messages.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            response.claims[uid].error = error
+        return response
+
+
+def _refs(request: Any) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
+
+
+class DraServer:
+    """Both versions of the DRA service for one driver, on one unix socket."""
+
+    def __init__(self, preparer: Preparer, socket: Path) -> None:
+        self.socket = socket
+        self._preparer = preparer
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Listen (a stale socket is replaced); returns once calls are accepted."""
+        self.socket.parent.mkdir(parents=True, exist_ok=True)
+
+        def add(server: grpc.aio.Server) -> None:
+            v1_grpc.add_DRAPluginServicer_to_server(_Service(v1, self._preparer), server)
+            v1beta1_grpc.add_DRAPluginServicer_to_server(_Service(v1beta1, self._preparer), server)
+
+        self._server = await listen_unix(self.socket, add)
+
+    async def stop(self, grace: float = 0.5) -> None:
+        """Stop serving and remove the socket."""
+        server, self._server = self._server, None
+        await close_unix(server, self.socket, grace)

@@ -1,0 +1,350 @@
+"""NodePrepareResources and NodeUnprepareResources: allocated claims made into CDI devices.
+
+Prepare reads each ResourceClaim from the API server (the kubelet sends only namespace, name
+and UID), takes the allocation results of this driver, maps each device name to the GPU or MIG
+device behind it (the names `model/slices.py` publishes), writes one CDI spec per claim and
+checkpoints the answer. CDI names, for driver `gpu.nvidia.com`:
+
+- kind `k8s.gpu.nvidia.com/claim`, so they never collide with the device plugin's
+  `k8s.device-plugin.nvidia.com/gpu` spec on the same node;
+- one device `<claim-uid>-<device>` per allocated device (`<uid>-gpu-0`, `<uid>-gpu-0-mig-7-0`)
+  carrying its device nodes, and the driver's common edits at spec level (applied once when any
+  device of the claim is injected);
+- file `k8s.gpu.nvidia.com-claim_<uid>.json` in the CDI directory (the transient-spec name CDI
+  libraries use), so Unprepare finds it from the UID alone, even without a checkpoint entry.
+
+A claim that cannot be prepared (not found, not allocated, re-created with another UID, a
+device this node does not publish, a spec that cannot be written) gets an error string in its
+own entry; the other claims of the call are prepared anyway. A claim already prepared is
+answered from the checkpoint, without asking the API server. Unprepare removes the spec and the
+checkpoint entry; an unknown claim is already unprepared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from deviceplugin.dra.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    PreparedClaim,
+    PreparedDevice,
+)
+from deviceplugin.dra.kubeapi import KubeApiError
+from deviceplugin.model.cdi import (
+    CdiError,
+    CdiOptions,
+    HostScan,
+    common_edits,
+    device_edits,
+    minimum_cdi_version,
+)
+from deviceplugin.model.devices import Gpu, Inventory, MigDevice
+from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.log import log_event
+from deviceplugin.model.resources import ResourceSet
+from deviceplugin.model.slices import build_devices, device_name
+from deviceplugin.node.cdiwriter import SpecWriter
+
+logger = logging.getLogger(__name__)
+
+JsonObject = dict[str, Any]
+CDI_CLASS = "claim"
+
+
+class ClaimReader(Protocol):
+    """Reads a ResourceClaim (`kubeapi.KubeApi`); raises KubeApiError."""
+
+    async def read_claim(self, namespace: str, name: str) -> JsonObject: ...
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One claim's answer: its devices, or why it could not be prepared."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class PrepareError(DevicePluginError):
+    """This claim cannot be prepared; the message goes to the kubelet as the claim's error."""
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """What allocation results are mapped to: each published device name with the GPU (and MIG
+    device) behind it, the host's files and the CDI options."""
+
+    by_name: Mapping[str, tuple[Gpu, MigDevice | None]]
+    scan: HostScan
+    options: CdiOptions
+
+    @property
+    def cdi(self) -> tuple[HostScan, CdiOptions]:
+        return self.scan, self.options
+
+    @classmethod
+    def build(
+        cls,
+        inventory: Inventory,
+        resources: Mapping[str, ResourceSet],
+        scan: HostScan,
+        options: CdiOptions,
+        driver: str,
+    ) -> NodeDevices:
+        """Only devices the slices publish: with MIG strategy `mixed` a MIG-enabled GPU is not
+        allocatable whole, so its name is unknown here too."""
+        published = {device["name"] for device in build_devices(inventory, resources, driver)}
+        by_name = {
+            device_name(gpu, mig): (gpu, mig)
+            for gpu in inventory.gpus
+            for mig in (None, *gpu.mig_devices)
+            if device_name(gpu, mig) in published
+        }
+        return cls(by_name, scan, options)
+
+
+def cdi_kind(driver: str) -> str:
+    """`k8s.<driver>/claim`."""
+    return f"k8s.{driver}/{CDI_CLASS}"
+
+
+def spec_file_name(driver: str, uid: str) -> str:
+    """`k8s.<driver>-claim_<uid>.json`."""
+    return f"k8s.{driver}-{CDI_CLASS}_{uid}.json"
+
+
+def cdi_device_name(uid: str, device: str) -> str:
+    return f"{uid}-{device}"
+
+
+class Preparer:
+    """Prepares and unprepares claims for one driver and pool (the node). Calls are serialised
+    where they touch files, so concurrent kubelet calls cannot interleave a checkpoint write."""
+
+    def __init__(
+        self,
+        reader: ClaimReader,
+        checkpoint: Checkpoint,
+        cdi_dir: Path,
+        driver: str,
+        pool: str,
+        devices: NodeDevices,
+    ) -> None:
+        self.driver = driver
+        self.pool = pool
+        self.cdi_dir = cdi_dir
+        self._reader = reader
+        self._checkpoint = checkpoint
+        self._devices = devices
+        self._claims: dict[str, PreparedClaim] = {}
+        self._lock = asyncio.Lock()
+
+    def load(self) -> None:
+        """Adopt the checkpoint. One that cannot be trusted is logged and set aside: claims it
+        held are prepared again from the API server when the kubelet asks, and their specs are
+        found by UID when it unprepares."""
+        try:
+            self._claims = self._checkpoint.load()
+        except CheckpointError as err:
+            log_event(logger, "dra.checkpoint.unusable", logging.ERROR, error=str(err))
+            self._claims = {}
+            return
+        log_event(logger, "dra.checkpoint.loaded", claims=len(self._claims))
+
+    def use(self, devices: NodeDevices) -> None:
+        """Map later allocation results to these devices (after a rediscovery)."""
+        self._devices = devices
+
+    @property
+    def prepared(self) -> Mapping[str, PreparedClaim]:
+        return dict(self._claims)
+
+    def spec_path(self, uid: str) -> Path:
+        return self.cdi_dir / spec_file_name(self.driver, uid)
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        """One outcome per claim UID."""
+        outcomes = {ref.uid: Outcome(known.devices) for ref in claims if (known := self._done(ref))}
+        todo = [ref for ref in claims if ref.uid not in outcomes]
+        read = await asyncio.gather(*(self._read(ref) for ref in todo))
+        async with self._lock:
+            fresh: dict[str, PreparedClaim] = {}
+            for ref, found in zip(todo, read, strict=True):
+                known = self._done(ref)
+                if known is not None:
+                    outcomes[ref.uid] = Outcome(known.devices)
+                    continue
+                try:
+                    if isinstance(found, PrepareError):
+                        raise found
+                    fresh[ref.uid] = self._prepare(ref, found)
+                except PrepareError as err:
+                    log_event(
+                        logger,
+                        "dra.claim.failed",
+                        logging.WARNING,
+                        claim=str(ref),
+                        uid=ref.uid,
+                        error=str(err),
+                    )
+                    outcomes[ref.uid] = Outcome(error=str(err))
+            if fresh:
+                outcomes.update(self._commit(fresh))
+        return {ref.uid: outcomes[ref.uid] for ref in claims}
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """An error string per claim UID, empty when it is unprepared (or never was)."""
+        errors: dict[str, str] = {}
+        async with self._lock:
+            removed: dict[str, PreparedClaim] = {}
+            for ref in claims:
+                try:
+                    SpecWriter(self.spec_path(ref.uid)).remove()
+                except OSError as err:
+                    errors[ref.uid] = f"removing CDI spec {self.spec_path(ref.uid)}: {_why(err)}"
+                    continue
+                errors[ref.uid] = ""
+                known = self._claims.pop(ref.uid, None)
+                if known is not None:
+                    removed[ref.uid] = known
+            if removed:
+                try:
+                    self._checkpoint.save(self._claims)
+                except OSError as err:
+                    self._claims.update(removed)  # a retry saves again
+                    for uid in removed:
+                        errors[uid] = f"saving checkpoint {self._checkpoint.path}: {_why(err)}"
+            for uid, claim in removed.items():
+                if not errors[uid]:
+                    log_event(
+                        logger, "dra.claim.unprepared", claim=f"{claim.namespace}/{claim.name}"
+                    )
+        return {ref.uid: errors[ref.uid] for ref in claims}
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _done(self, ref: ClaimRef) -> PreparedClaim | None:
+        """The checkpointed claim, while its spec is still on disk (a claim with no devices of
+        ours has none)."""
+        known = self._claims.get(ref.uid)
+        if known is None or (known.devices and not self.spec_path(ref.uid).exists()):
+            return None
+        return known
+
+    async def _read(self, ref: ClaimRef) -> JsonObject | PrepareError:
+        try:
+            return await self._reader.read_claim(ref.namespace, ref.name)
+        except KubeApiError as err:
+            if err.status == 404:
+                return PrepareError(f"ResourceClaim {ref} not found")
+            return PrepareError(f"reading ResourceClaim {ref}: {err}")
+
+    def _prepare(self, ref: ClaimRef, claim: JsonObject) -> PreparedClaim:
+        """Write the claim's spec; the checkpoint is written by the caller. Raises PrepareError."""
+        uid = (claim.get("metadata") or {}).get("uid")
+        if uid != ref.uid:
+            raise PrepareError(
+                f"ResourceClaim {ref} has UID {uid}, not {ref.uid}: it was deleted and re-created"
+            )
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise PrepareError(f"ResourceClaim {ref} is not allocated")
+        results = [
+            r
+            for r in ((allocation.get("devices") or {}).get("results") or [])
+            if r.get("driver") == self.driver
+        ]
+        kind = cdi_kind(self.driver)
+        devices = []
+        edits: dict[str, JsonObject] = {}
+        for result in results:
+            name, pool = str(result.get("device", "")), str(result.get("pool", ""))
+            found = self._devices.by_name.get(name) if pool == self.pool else None
+            if found is None:
+                raise PrepareError(
+                    f"ResourceClaim {ref}: device {name!r} of pool {pool!r} is not a device "
+                    f"{self.driver} publishes on this node (pool {self.pool!r})"
+                )
+            cdi_name = cdi_device_name(ref.uid, name)
+            if cdi_name not in edits:
+                try:
+                    edits[cdi_name] = device_edits(*found, *self._devices.cdi)
+                except CdiError as err:
+                    raise PrepareError(f"ResourceClaim {ref}: {err}") from err
+            devices.append(
+                PreparedDevice(
+                    requests=(str(result.get("request", "")),),
+                    pool=pool,
+                    device=name,
+                    cdi_ids=(f"{kind}={cdi_name}",),
+                )
+            )
+        if edits:
+            self._write_spec(ref, kind, edits)
+        return PreparedClaim(ref.namespace, ref.name, tuple(devices))
+
+    def _write_spec(self, ref: ClaimRef, kind: str, edits: Mapping[str, JsonObject]) -> None:
+        spec: JsonObject = {
+            "cdiVersion": "",
+            "kind": kind,
+            "devices": [{"name": name, "containerEdits": e} for name, e in edits.items()],
+            "containerEdits": common_edits(*self._devices.cdi),
+        }
+        spec["cdiVersion"] = minimum_cdi_version(spec)
+        path = self.spec_path(ref.uid)
+        try:
+            SpecWriter(path).write(spec)
+        except OSError as err:
+            why = f"writing CDI spec {path}: {_why(err)}"
+            raise PrepareError(f"ResourceClaim {ref}: {why}") from err
+
+    def _commit(self, fresh: Mapping[str, PreparedClaim]) -> dict[str, Outcome]:
+        """Checkpoint newly prepared claims; if that fails, undo their specs and say why."""
+        self._claims.update(fresh)
+        try:
+            self._checkpoint.save(self._claims)
+        except OSError as err:
+            why = f"saving checkpoint {self._checkpoint.path}: {_why(err)}"
+            log_event(logger, "dra.checkpoint.failed", logging.ERROR, error=why)
+            for uid in fresh:
+                del self._claims[uid]
+                try:
+                    SpecWriter(self.spec_path(uid)).remove()
+                except OSError:
+                    log_event(
+                        logger, "dra.spec.orphaned", logging.WARNING, path=str(self.spec_path(uid))
+                    )
+            return {uid: Outcome(error=why) for uid in fresh}
+        for uid, claim in fresh.items():
+            log_event(
+                logger,
+                "dra.claim.prepared",
+                claim=f"{claim.namespace}/{claim.name}",
+                uid=uid,
+                devices=[d.device for d in claim.devices],
+            )
+        return {uid: Outcome(claim.devices) for uid, claim in fresh.items()}
+
+
+def _why(err: OSError) -> str:
+    code = errno.errorcode.get(err.errno or 0, "")
+    return f"{code} {err.strerror or err}".strip()
