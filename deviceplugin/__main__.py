@@ -42,6 +42,11 @@ def _run(settings: Settings) -> int:
         from deviceplugin.dra_explain import explain, options_from
 
         return explain(options_from(settings))
+    if settings.command == "dra serve":
+        from deviceplugin.dra_service import serve_dra
+
+        asyncio.run(serve_dra(settings))
+        return 0
     if settings.command == "demo":
         from deviceplugin.demo import demo
 

@@ -1,0 +1,196 @@
+"""`dra serve`: the DRA driver wired together, until SIGTERM or SIGINT.
+
+Start-up, in the order the kubelet needs it: the config file and flags (as `serve` merges
+them), NVML (simulated with `--simulate`), discovery and the MIG strategy's plan; the API client
+(`--kubeconfig`, else in-cluster) and the first publish of the slices; the checkpoint; the DRA
+socket; and last the registration socket, so the kubelet finds a driver that already answers.
+The health monitor then reports Xids and recoveries, each republished at once (`healthy`
+turns false, a taint is added). After each successful registration the slices are listed and
+repaired, since the kubelet wipes a driver's slices while none of its plugins is registered.
+
+On stop both sockets are removed (the kubelet deregisters the driver) and NVML is shut down.
+The claims' CDI specs and the checkpoint stay: running containers are defined by them, and a
+restarted driver answers for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Mapping
+
+from deviceplugin.background import spawn
+from deviceplugin.cli import Settings
+from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint
+from deviceplugin.dra.kubeapi import connect
+from deviceplugin.dra.plugin import SOCKET_NAME, DraServer
+from deviceplugin.dra.prepare import NodeDevices, Preparer
+from deviceplugin.dra.publisher import SlicePublisher
+from deviceplugin.dra.registration import RegistrationServer, plugin_dir, registration_socket
+from deviceplugin.host import SimulatedHost, open_nvml, open_simulated_host, proc_root
+from deviceplugin.model.cdi import CdiOptions
+from deviceplugin.model.config import ParsedConfig, load_config
+from deviceplugin.model.devices import Inventory
+from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.log import log_event
+from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
+from deviceplugin.node.discovery import discover
+from deviceplugin.node.health import HealthChange, HealthMonitor, HealthPolicy, parse_duration
+from deviceplugin.node.hostscan import scan_host
+from deviceplugin.node.nvml import Nvml
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_SECONDS = 1.0
+
+
+class DraDriver:
+    """One running DRA driver: `start()`, then `stop()` (also after a failed start)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.node = settings.node_name or socket.gethostname()
+        directory = plugin_dir(settings.kubelet_root, settings.driver_name)
+        self.dra_socket = directory / SOCKET_NAME
+        self.registration = RegistrationServer(
+            settings.driver_name,
+            self.dra_socket,
+            registration_socket(settings.kubelet_root, settings.driver_name),
+            on_status=self._registration_status,
+        )
+        self.checkpoint = Checkpoint(directory / FILE_NAME)
+        self.dra: DraServer | None = None
+        self.publisher: SlicePublisher | None = None
+        self.preparer: Preparer | None = None
+        self._host: SimulatedHost | None = None
+        self._nvml: Nvml | None = None
+        self._monitor: HealthMonitor | None = None
+        self._inventory: Inventory | None = None
+        self._plan: Mapping[str, ResourceSet] = {}
+        self._unhealthy: dict[str, str] = {}
+
+    async def start(self) -> None:
+        """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
+        settings = self.settings
+        policy = HealthPolicy.from_env(settings.env)
+        recovery_after = parse_duration(settings.health_recovery_after)
+        parsed = self._read_config()
+        config = parsed.config
+        self._nvml = open_nvml(settings.simulate, settings.simulate_events)
+        self._nvml.init()
+        inventory = await asyncio.to_thread(discover, self._nvml)
+        plan = build_plan(inventory, config)
+        for warning in (*parsed.warnings, *plan.warnings):
+            log_event(logger, "config.warning", logging.WARNING, detail=warning)
+        self._inventory, self._plan = inventory, dict(plan.resources)
+        api = await connect(kubeconfig=settings.kubeconfig)
+        self.publisher = SlicePublisher(api, self.node, settings.driver_name)
+        await self.publisher.publish(inventory, self._desired())  # an API error is retried
+        options = CdiOptions.from_config(config)
+        scan = await asyncio.to_thread(
+            scan_host,
+            inventory.driver_version,
+            options.driver_root,
+            options.dev_root,
+            proc_root(self._host),
+        )
+        devices = NodeDevices.build(inventory, plan.resources, scan, options, settings.driver_name)
+        self.preparer = Preparer(
+            api, self.checkpoint, settings.cdi_spec_dir, settings.driver_name, self.node, devices
+        )
+        self.preparer.load()
+        self.dra = DraServer(self.preparer, self.dra_socket)
+        await self.dra.start()
+        await self.registration.start()
+        self._start_monitor(policy, recovery_after)
+        log_event(
+            logger,
+            "dra.started",
+            driver=settings.driver_name,
+            node=self.node,
+            devices=len(devices.by_name),
+            socket=str(self.dra_socket),
+        )
+
+    async def stop(self) -> None:
+        """Deregister, stop serving (sockets removed), close the client, shut NVML down."""
+        if self._monitor is not None:
+            await asyncio.to_thread(self._monitor.stop)
+        await self.registration.stop(STOP_GRACE_SECONDS)
+        if self.dra is not None:
+            await self.dra.stop(STOP_GRACE_SECONDS)
+        if self.publisher is not None:
+            await self.publisher.close()
+        if self._nvml is not None:
+            with contextlib.suppress(DevicePluginError):
+                self._nvml.shutdown()
+        if self._host is not None:
+            self._host.close()
+        log_event(logger, "dra.stopped", driver=self.settings.driver_name)
+
+    async def health_changed(self, change: HealthChange) -> None:
+        """Apply one transition from the health monitor and republish."""
+        if change.healthy:
+            if self._unhealthy.pop(change.uuid, None) is None:
+                return
+        elif self._unhealthy.get(change.uuid) == change.reason:
+            return
+        else:
+            self._unhealthy[change.uuid] = change.reason
+        log_event(
+            logger,
+            "device.recovered" if change.healthy else "device.unhealthy",
+            logging.INFO if change.healthy else logging.WARNING,
+            uuid=change.uuid,
+            xid=change.xid,
+            reason=change.reason,
+        )
+        if self.publisher is not None and self._inventory is not None:
+            await self.publisher.publish(self._inventory, self._desired())
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _read_config(self) -> ParsedConfig:
+        """The merged config; under `--simulate`, pointed at the simulated node's host files."""
+        settings = self.settings
+        parsed = load_config(settings.config_file, settings.overrides, settings.env)
+        self._host = open_simulated_host(settings.simulate, parsed.config)
+        if self._host is None or not self._host.overrides:
+            return parsed
+        overrides = {**settings.overrides, **self._host.overrides}
+        return load_config(settings.config_file, overrides, settings.env)
+
+    def _desired(self) -> dict[str, ResourceSet]:
+        return apply_health(self._plan, self._unhealthy)
+
+    def _start_monitor(self, policy: HealthPolicy, recovery_after: float | None) -> None:
+        if self._nvml is None or self._inventory is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def report(change: HealthChange) -> None:
+            loop.call_soon_threadsafe(spawn, self.health_changed(change), "health change")
+
+        self._monitor = HealthMonitor(self._nvml, self._inventory, policy, report, recovery_after)
+        self._monitor.start()
+
+    def _registration_status(self, registered: bool, error: str) -> None:
+        if registered and self.publisher is not None:
+            spawn(self.publisher.refresh(), "dra registration")
+
+
+async def serve_dra(settings: Settings) -> None:
+    """The `dra serve` command: run until SIGTERM or SIGINT, then clean up."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    driver = DraDriver(settings)
+    try:
+        await driver.start()
+        await stopping.wait()
+    finally:
+        await driver.stop()

@@ -1,0 +1,226 @@
+"""A running DRA driver for the kubelet-side tests: the real `DraDriver` on a simulated node,
+the API-server stand-in reached through a kubeconfig file, and the plugin-watcher emulator on
+the real sockets, all in a short temp dir (AF_UNIX paths stay under 108 bytes). Also ResourceClaims
+as the scheduler leaves them, and a CDI resolver that reads the spec files as a runtime does."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.cli import Settings
+from deviceplugin.dra_service import DraDriver
+from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
+from deviceplugin.sim.apiserver import ApiServer
+from deviceplugin.sim.hostroot import lay_out
+from deviceplugin.sim.node import read_node, resolve_node_path
+from deviceplugin.sim.pluginwatcher import PluginWatcher
+
+DRIVER = "gpu.nvidia.com"
+NODE = "node-1"
+PRESET = "a100-80gb-x8-mixed"
+_VENDOR = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*[A-Za-z0-9]")
+_CLASS = re.compile(r"[A-Za-z][A-Za-z0-9_-]*[A-Za-z0-9]")
+_DEVICE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+
+def short_dir(prefix: str = "dra") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+_HOSTS: dict[str, Path] = {}
+
+
+def host_tree(simulate: str) -> Path:
+    """The simulated node's host files, laid out once per test run (a thousand device nodes
+    take most of a second), as `deviceplugin sim-root` would."""
+    if simulate not in _HOSTS:
+        root = short_dir("drahost")
+        atexit.register(shutil.rmtree, root, True)
+        lay_out(read_node(resolve_node_path(simulate)), root)
+        _HOSTS[simulate] = root
+    return _HOSTS[simulate]
+
+
+def write_kubeconfig(path: Path, url: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "stand-in", "cluster": {"server": url}}],
+        "users": [{"name": "driver", "user": {"token": "not-checked"}}],
+        "contexts": [{"name": "here", "context": {"cluster": "stand-in", "user": "driver"}}],
+        "current-context": "here",
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+def claim(
+    name: str,
+    devices: Sequence[tuple[str, str]],
+    namespace: str = "default",
+    driver: str = DRIVER,
+    pool: str = NODE,
+    allocated: bool = True,
+) -> dict[str, Any]:
+    """A ResourceClaim, allocated `devices` as (request, device name) pairs unless not
+    `allocated`."""
+    requests = sorted({request for request, _ in devices}) or ["gpu"]
+    body: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": r, "exactly": {"deviceClassName": "gpu.nvidia.com"}} for r in requests
+                ]
+            }
+        },
+    }
+    if allocated:
+        results = [
+            {"request": r, "driver": driver, "pool": pool, "device": d} for r, d in devices
+        ]
+        body["status"] = {"allocation": {"devices": {"results": results}}}
+    return body
+
+
+def published(server: ApiServer, node: str = NODE) -> dict[str, dict[str, Any]]:
+    """Device name -> device, over the node's slices on the stand-in."""
+    return {
+        d["name"]: d
+        for s in server.slices.values()
+        if s["spec"]["nodeName"] == node
+        for d in s["spec"]["devices"]
+    }
+
+
+def resolve(cdi_dir: Path, qualified: str) -> dict[str, Any]:
+    """The device a runtime would inject for `vendor/class=name`, read from every spec in the
+    directory; AssertionError on an invalid spec, an unknown name or a name defined twice. The
+    result holds the device's own edits merged after the spec's common ones."""
+    kind, _, name = qualified.partition("=")
+    found = []
+    for path in sorted(cdi_dir.glob("*.json")):
+        spec = json.loads(path.read_text())
+        vendor, _, klass = spec["kind"].partition("/")
+        assert _VENDOR.fullmatch(vendor) and _CLASS.fullmatch(klass), spec["kind"]
+        assert spec["cdiVersion"] in VALID_VERSIONS
+        assert VALID_VERSIONS.index(spec["cdiVersion"]) >= VALID_VERSIONS.index(
+            minimum_cdi_version(spec)
+        )
+        for device in spec["devices"]:
+            assert _DEVICE.fullmatch(device["name"]), device["name"]
+            if spec["kind"] == kind and device["name"] == name:
+                found.append((spec, device))
+    assert len(found) == 1, f"{qualified}: defined {len(found)} times in {cdi_dir}"
+    spec, device = found[0]
+    common = spec.get("containerEdits") or {}
+    own = device["containerEdits"]
+    return {
+        "deviceNodes": [*common.get("deviceNodes", []), *own.get("deviceNodes", [])],
+        "mounts": [*common.get("mounts", []), *own.get("mounts", [])],
+        "env": [*common.get("env", []), *own.get("env", [])],
+    }
+
+
+@dataclass
+class Node:
+    root: Path
+    server: ApiServer
+    watcher: PluginWatcher
+    settings: Settings
+    driver: DraDriver
+    events: Path
+    stopped: list[DraDriver] = field(default_factory=list)
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.settings.cdi_spec_dir
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.settings.kubelet_root
+
+    def event(self, **line: Any) -> None:
+        with self.events.open("a") as file:
+            file.write(json.dumps(line) + "\n")
+
+    def add_claim(self, body: dict[str, Any]) -> tuple[str, str, str]:
+        """Store the claim on the stand-in; (namespace, name, uid) as the kubelet names it."""
+        meta = self.server.add_claim(body)["metadata"]
+        return meta["namespace"], meta["name"], meta["uid"]
+
+    async def restart(self) -> None:
+        """Stop the driver (sockets removed) and start a new one with the same settings."""
+        await self.driver.stop()
+        self.stopped.append(self.driver)
+        self.driver = DraDriver(self.settings)
+        await self.driver.start()
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> float:
+        """Poll every 10 ms; the seconds it took. AssertionError when it does not happen."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        while not predicate():
+            assert loop.time() - began < timeout, "condition not met in time"
+            await asyncio.sleep(0.01)
+        return loop.time() - began
+
+
+@contextlib.asynccontextmanager
+async def running_driver(
+    simulate: str = PRESET,
+    overrides: Mapping[str, str | None] | None = None,
+    recovery: str = "off",
+    watcher: bool = True,
+) -> AsyncIterator[Node]:
+    """The driver started and (with `watcher`) registered, its first slices published."""
+    root = short_dir()
+    server = ApiServer()
+    await server.start()
+    events = root / "events.jsonl"
+    events.touch()
+    settings = Settings(
+        command="dra serve",
+        simulate=simulate,
+        simulate_events=str(events),
+        health_recovery_after=recovery,
+        cdi_spec_dir=root / "cdi",
+        overrides={
+            "mig_strategy": "mixed",
+            "nvidia_driver_root": str(host_tree(simulate)),
+            **(overrides or {}),
+        },
+        driver_name=DRIVER,
+        kubelet_root=root / "kubelet",
+        kubeconfig=str(write_kubeconfig(root / "kubeconfig", server.url)),
+        node_name=NODE,
+    )
+    emulator = PluginWatcher(settings.kubelet_root)
+    node = Node(root, server, emulator, settings, DraDriver(settings), events)
+    try:
+        await node.driver.start()
+        if watcher:
+            await emulator.start()
+            await emulator.wait_registered(DRIVER)
+        yield node
+    finally:
+        await emulator.stop()
+        await node.driver.stop()
+        await server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(body: Callable[[], Any]) -> None:
+    asyncio.run(body())

@@ -1,0 +1,77 @@
+"""`deviceplugin dra serve --simulate` as a process, as a node runs it: it registers with the
+plugin-watcher emulator, publishes its slices to the API-server stand-in named by a kubeconfig
+file, prepares a claim, and on SIGTERM exits 0 with both sockets removed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+
+from deviceplugin.cli import SERVE_ENV_VARS
+from deviceplugin.sim.apiserver import ApiServer
+from deviceplugin.sim.pluginwatcher import PluginWatcher
+from tests.draplugin import (
+    DRIVER,
+    NODE,
+    PRESET,
+    claim,
+    published,
+    resolve,
+    short_dir,
+    write_kubeconfig,
+)
+
+START_TIMEOUT = 30.0  # a loaded CI machine; an idle one needs about 2 s
+
+
+def test_dra_serve_registers_publishes_prepares_and_stops_cleanly_on_sigterm() -> None:
+    async def body() -> None:
+        root = short_dir()
+        server = ApiServer()
+        await server.start()
+        kubelet = root / "kubelet"
+        watcher = PluginWatcher(kubelet)
+        await watcher.start()
+        env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
+        process = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "deviceplugin", "dra", "serve", "--simulate", PRESET),
+            *("--mig-strategy", "mixed", "--node-name", NODE),
+            *("--kubeconfig", str(write_kubeconfig(root / "kubeconfig", server.url))),
+            *("--kubelet-root", str(kubelet), "--cdi-spec-dir", str(root / "cdi")),
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            plugin = await watcher.wait_registered(DRIVER, START_TIMEOUT)
+            devices = published(server)
+            assert len(devices) == 32 and server.rejected == []  # 4 GPUs + 28 MIG devices
+            stored = server.add_claim(claim("e2e", [("gpu", "gpu-4")]))["metadata"]
+            ref = ("default", "e2e", stored["uid"])
+            response = await watcher.prepare(DRIVER, [ref])
+            (device,) = response.claims[ref[2]].devices
+            (cdi_id,) = device.cdi_device_ids
+            nodes = [n["path"] for n in resolve(root / "cdi", cdi_id)["deviceNodes"]]
+            assert "/dev/nvidia4" in nodes
+
+            process.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(process.wait(), 15)
+            assert process.stderr is not None
+            log = (await process.stderr.read()).decode()
+            assert code == 0, log
+            assert not (kubelet / "plugins" / DRIVER / "dra.sock").exists()
+            assert not plugin.socket.exists()
+            await watcher.wait_deregistered(DRIVER)
+            assert "dra.stopped" in log
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await watcher.stop()
+            await server.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+    asyncio.run(body())
