@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo lint bench protos image clean
+.PHONY: test demo lint bench protos image e2e clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,8 +24,9 @@ demo: $(STAMP)
 	$(VENV)/bin/deviceplugin demo
 
 lint: $(LINT_STAMP)
-	$(PY) -m ruff check deviceplugin tests bench
+	$(PY) -m ruff check deviceplugin tests bench e2e
 	$(PY) -m mypy
+	$(PY) -m mypy --strict e2e
 	$(VENV)/bin/yamllint -s .yamllint.yaml manifests $(wildcard config)
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.30.0 -k 1.31.0 -k 1.32.0 -k 1.33.0 manifests/*.yaml manifests/variants/*.yaml
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.34.0 -k 1.35.0 -k 1.36.0 -k 1.37.0 manifests/*.yaml manifests/variants/*.yaml manifests/dra/*.yaml
@@ -43,6 +44,19 @@ IMAGE ?= deviceplugin:$(VERSION)
 
 image: $(STAMP)
 	image/build.sh $(CONTAINER_TOOL) $(BASE_IMAGE) $(IMAGE) $(VERSION) $(PY)
+
+# End to end with a real runtime (root, podman): prepares this host (e2e/setup-host.sh installs
+# podman and runc when missing, configures them, makes a local Debian base and a busybox image
+# with mmdebstrap, cached), builds the image from that base, then runs e2e/: the plugin's own
+# container as manifests/ run it, and podman workloads started from Allocate's answers.
+E2E_BASE_IMAGE ?= localhost/deviceplugin-e2e-base:bookworm
+E2E_IMAGE ?= localhost/deviceplugin:e2e
+
+e2e: $(STAMP)
+	@if [ "$$(id -u)" -ne 0 ]; then echo "make e2e needs root (podman, mknod, mount namespaces): sudo make e2e" >&2; exit 2; fi
+	E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) e2e/setup-host.sh
+	$(MAKE) image BASE_IMAGE=$(E2E_BASE_IMAGE) IMAGE=$(E2E_IMAGE)
+	IMAGE=$(E2E_IMAGE) E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) $(PY) -m pytest -p no:cacheprovider -v e2e
 
 # Regenerate the committed gRPC stubs from protos/ (tests check they match).
 protos: $(STAMP)

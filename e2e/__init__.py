@@ -1,0 +1,1 @@
+"""End-to-end tests with a real container runtime (podman): `make e2e`, as root."""
