@@ -299,7 +299,17 @@ class Supervisor:
         """Under `--simulate`, open the simulated node's host files and read device nodes,
         mig-minors and driver files there (Allocate and the CDI spec alike); `parsed` again
         with a temporary tree's driver root when the simulator laid one out."""
-        self._host = open_simulated_host(self.settings.simulate, parsed.config)
+        try:
+            self._host = open_simulated_host(self.settings.simulate, parsed.config)
+        except OSError as exc:  # no writable temp dir (a read-only root without /tmp)
+            log_event(
+                logger,
+                "simulate.host_files_unavailable",
+                logging.WARNING,
+                error=f"{exc.filename or ''}: {exc.strerror or exc}",
+                hint="reading host files from the real /proc and driver root instead",
+            )
+            return parsed
         if self._host is None:
             return parsed
         self._allocator = NodeAllocator(Config(), host=HostDevices(self._host.proc_root))

@@ -459,3 +459,25 @@ def test_serve_keeps_serving_without_a_cdi_strategy_and_writes_nothing() -> None
             assert isinstance(response, api_pb2.AllocateResponse)
 
     run(body())
+
+
+def test_serve_simulates_without_a_writable_temp_dir(monkeypatch: Any) -> None:
+    """A read-only root with no /tmp mount must not stop a simulated plugin: it serves with
+    the real host's files instead of a laid-out tree, and says so."""
+    import tempfile
+
+    real_mkdtemp = tempfile.mkdtemp
+
+    def read_only_tmp(*args: Any, **kwargs: Any) -> str:
+        if kwargs.get("prefix") == "dp-simhost-":
+            raise OSError(30, "Read-only file system", "/tmp")
+        return real_mkdtemp(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", read_only_tmp)
+
+    async def body() -> None:
+        async with running_plugin() as plugin:
+            assert plugin.supervisor._host is None
+            assert set(plugin.kubelet.resources()) == {GPU, MIG}
+
+    run(body())
