@@ -8,6 +8,14 @@ the health flips back and forth). The baseline sends the same four slices, alrea
 as plain POSTs from one aiohttp session to a fresh stand-in: transport and the stand-in's
 validation without our building, diffing and client, so the ratio is what the publisher adds.
 A third, pure figure: building the devices and slices from the plan, next to serialising them.
+
+Prepare: the real `dra serve` driver (in-process, simulated a100-80gb-x8-mixed node with its
+host files laid out) registered with the plugin-watcher emulator; one NodePrepareResources per
+new claim of one device (each of the node's 32 devices in turn) over the DRA socket: the claim
+read from the stand-in, its CDI spec written, the checkpoint saved. The baseline is the same
+call for a claim already prepared, answered from the checkpoint: the gRPC round trip and the
+lookup, so the ratio is what reading the claim and writing two files add. Unprepare of those
+claims (spec removed, checkpoint saved) is measured against the same baseline.
 `python -m bench.dra` prints the figures; `run(root)` returns them.
 """
 
@@ -23,8 +31,10 @@ import aiohttp
 import yaml
 
 from bench.report import Figure, median, p99
+from deviceplugin.cli import Settings
 from deviceplugin.dra.kubeapi import connect
 from deviceplugin.dra.publisher import SlicePublisher
+from deviceplugin.dra_service import DraDriver
 from deviceplugin.host import open_nvml
 from deviceplugin.model.config import load_config
 from deviceplugin.model.devices import Inventory
@@ -32,6 +42,7 @@ from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.node.discovery import discover
 from deviceplugin.sim.apiserver import PREFIX, ApiServer
+from deviceplugin.sim.pluginwatcher import PluginWatcher
 
 GPUS = 64
 GI_IDS = (7, 8, 9, 11, 12, 13, 14)
@@ -39,6 +50,10 @@ REPEATS = 7
 CHANGES = 20
 TARGET_S = 1.0
 NODE = "bench-node"
+PREPARE_PRESET = "a100-80gb-x8-mixed"
+PREPARE_ROUNDS = 3
+PREPARE_TARGET_MS = 20.0
+DRIVER = "gpu.nvidia.com"
 
 
 def write_node(path: Path) -> Path:
@@ -139,6 +154,85 @@ async def _changes(inventory: Inventory, resources: dict[str, ResourceSet]) -> l
         await server.stop()
 
 
+def _claim(name: str, device: str) -> dict[str, object]:
+    """A ResourceClaim as the scheduler leaves it: one request, allocated `device`."""
+    request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "bench"},
+        "spec": {"devices": {"requests": [request]}},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
+
+
+def _kubeconfig(path: Path, url: str) -> Path:
+    cluster = {"name": "stand-in", "cluster": {"server": url}}
+    context = {"name": "here", "context": {"cluster": "stand-in", "user": "driver"}}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": "driver", "user": {"token": "not-checked"}}],
+        "contexts": [context],
+        "current-context": "here",
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
+    """Seconds per Prepare of a new claim, per repeated Prepare, per Unprepare."""
+    server = ApiServer()
+    await server.start()
+    settings = Settings(
+        command="dra serve",
+        simulate=PREPARE_PRESET,
+        cdi_spec_dir=root / "cdi",
+        overrides={"mig_strategy": "mixed"},
+        kubelet_root=root / "kubelet",
+        kubeconfig=str(_kubeconfig(root / "kubeconfig", server.url)),
+        node_name=NODE,
+    )
+    driver = DraDriver(settings)
+    watcher = PluginWatcher(settings.kubelet_root)
+    fresh: list[float] = []
+    repeat: list[float] = []
+    unprepare: list[float] = []
+    try:
+        await driver.start()
+        await watcher.start()
+        await watcher.wait_registered(DRIVER)
+        names = [d["name"] for s in server.slices.values() for d in s["spec"]["devices"]]
+        for round_ in range(PREPARE_ROUNDS):
+            refs = []
+            for n, device in enumerate(names):
+                meta = server.add_claim(_claim(f"c{round_}-{n}", device))["metadata"]
+                refs.append(("bench", meta["name"], meta["uid"]))
+            for ref in refs:
+                started = time.perf_counter()
+                answer = await watcher.prepare(DRIVER, [ref])
+                fresh.append(time.perf_counter() - started)
+                if answer.claims[ref[2]].error:
+                    raise RuntimeError(f"Prepare failed: {answer.claims[ref[2]].error}")
+            for ref in refs:
+                started = time.perf_counter()
+                await watcher.prepare(DRIVER, [ref])
+                repeat.append(time.perf_counter() - started)
+            for ref in refs:
+                started = time.perf_counter()
+                answer = await watcher.unprepare(DRIVER, [ref])
+                unprepare.append(time.perf_counter() - started)
+                if answer.claims[ref[2]].error:
+                    raise RuntimeError(f"Unprepare failed: {answer.claims[ref[2]].error}")
+        return fresh, repeat, unprepare
+    finally:
+        await watcher.stop()
+        await driver.stop()
+        await server.stop()
+
+
 async def run(root: Path) -> list[Figure]:
     """Median (and p99 for changes) of each measure with its same-run baseline."""
     inventory, resources = discover_node(write_node(root / "dra-node.yaml"))
@@ -157,8 +251,37 @@ async def run(root: Path) -> list[Figure]:
         json.dumps(built)
         dumps.append(time.perf_counter() - middle)
         builds.append(middle - started)
+    fresh, repeat, unprepare = await _prepare(root)
     base_median = median(base)
     label = "4 raw POSTs of the same slices"
+    prepare_base = median(repeat) * 1000
+    prepare_label = "repeat Prepare answered from the checkpoint"
+    prepare_figures = [
+        Figure(
+            f"DRA Prepare of a new claim (1 device) over the DRA socket, p50 of {len(fresh)}",
+            median(fresh) * 1000,
+            "ms",
+            target=PREPARE_TARGET_MS,
+            baseline=prepare_base,
+            baseline_label=prepare_label,
+            samples=[f * 1000 for f in fresh],
+        ),
+        Figure(
+            "DRA Prepare of a new claim, p99",
+            p99(fresh) * 1000,
+            "ms",
+            baseline=prepare_base,
+            baseline_label=prepare_label,
+        ),
+        Figure(
+            "DRA Unprepare of a claim, p50",
+            median(unprepare) * 1000,
+            "ms",
+            baseline=prepare_base,
+            baseline_label=prepare_label,
+            samples=[u * 1000 for u in unprepare],
+        ),
+    ]
     return [
         Figure(
             f"DRA first publish, {len(devices)} devices in 4 slices, median",
@@ -194,6 +317,7 @@ async def run(root: Path) -> list[Figure]:
             baseline_label="json.dumps of those slices",
             samples=[b * 1000 for b in builds],
         ),
+        *prepare_figures,
     ]
 
 
