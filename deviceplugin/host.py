@@ -71,7 +71,7 @@ def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost |
     node = read_node(resolve_node_path(simulate))
     root = tempfile.mkdtemp(prefix="dp-simhost-")
     try:
-        lay_out(node, Path(root))
+        lay_out(node, Path(root), every_instance=False)
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise

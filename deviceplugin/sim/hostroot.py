@@ -17,7 +17,12 @@ import os
 import stat
 from pathlib import Path
 
-from deviceplugin.model.hostpaths import MIG_MINORS, capability_node
+from deviceplugin.model.hostpaths import (
+    MIG_MINORS,
+    capability_node,
+    compute_instance_key,
+    gpu_instance_key,
+)
 from deviceplugin.sim.node import Node
 
 NVIDIA_MAJOR = 195
@@ -63,31 +68,43 @@ def proc_devices_text() -> str:
     )
 
 
-def device_nodes(node: Node) -> dict[str, tuple[int, int]]:
-    """Every device node of the simulated host: path -> (major, minor). The capability nodes
-    of every GPU instance and compute instance each GPU's minor can have, so a MIG re-cut finds
-    its nodes too."""
+def device_nodes(node: Node, every_instance: bool = True) -> dict[str, tuple[int, int]]:
+    """The device nodes of the simulated host: path -> (major, minor). With `every_instance`,
+    the capability nodes of every GPU instance and compute instance each GPU's minor can have,
+    so a MIG re-cut finds its nodes too (over a thousand on eight GPUs); otherwise only those
+    of the MIG devices the node has now."""
     nodes = dict(CONTROL_NODES)
     table = mig_minors_table()
     for gpu in node.gpus:
         nodes[f"/dev/nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
-        for key, minor in table.items():
-            if key.startswith(f"gpu{gpu.minor}/"):
-                nodes[capability_node(minor)] = (CAPS_MAJOR, minor)
+        if every_instance:
+            wanted = [minor for key, minor in table.items() if key.startswith(f"gpu{gpu.minor}/")]
+        else:
+            wanted = [
+                table[key]
+                for mig in gpu.mig_devices
+                for key in (
+                    gpu_instance_key(gpu.minor, mig.gpu_instance_id),
+                    compute_instance_key(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id),
+                )
+            ]
+        nodes.update({capability_node(minor): (CAPS_MAJOR, minor) for minor in wanted})
     for key in ("config", "monitor"):
         nodes[capability_node(table[key])] = (CAPS_MAJOR, table[key])
     return nodes
 
 
-def lay_out(node: Node, root: Path) -> bool:
+def lay_out(node: Node, root: Path, every_instance: bool = True) -> bool:
     """Write the host tree of `node` under `root` (created if missing; files already there are
-    replaced). True when the device nodes are real character devices."""
+    replaced). True when the device nodes are real character devices. `every_instance` as in
+    `device_nodes`: creating a node costs about half a millisecond here, so the temporary tree
+    of `serve --simulate` makes only the ones in use."""
     version = node.driver_version
     table = "".join(f"{key} {minor}\n" for key, minor in mig_minors_table().items())
     _write(root / "proc" / MIG_MINORS, table.encode())
     _write(root / "proc/devices", proc_devices_text().encode())
     real = os.geteuid() == 0
-    for path, (major, minor) in device_nodes(node).items():
+    for path, (major, minor) in device_nodes(node, every_instance).items():
         real = _device(root / path.lstrip("/"), major, minor, real)
     for library in LIBRARIES:
         target = root / LIBRARY_DIR / f"{library}.{version}"
