@@ -30,7 +30,7 @@ def test_register_notify_deregister_and_register_again() -> None:
             registration_socket(root, DRIVER),
             on_status=lambda ok, error: statuses.append((ok, error)),
         )
-        watcher = PluginWatcher(root)
+        watcher = PluginWatcher(root, connect_timeout=0.1)
         try:
             await server.start()
             await watcher.start()

@@ -6,7 +6,8 @@ kubelet's watcher does), and for each new one: GetInfo (1 s timeout); a type oth
 `DRAPlugin` is refused; the plugin's `supported_versions` must name a DRA service this kubelet
 speaks, and the first one that does is chosen (the kubelet takes the plugin's order); the same
 endpoint registered twice for a driver is refused; a channel to the endpoint is opened (the
-kubelet does not wait for it to connect: `connected` says whether it did within a second); then
+kubelet does not wait for it to connect: `connected` says whether it did within
+`connect_timeout`); then
 NotifyRegistrationStatus (5 s timeout) reports the outcome, with the kubelet's error texts.
 A failed registration is retried every second, as the plugin manager's reconciler does. A
 socket that disappears deregisters the plugin; one re-created (a restarted driver) registers
@@ -87,6 +88,7 @@ class PluginWatcher:
     root: Path
     poll: float = 0.05
     services: tuple[str, ...] = KUBELET_SERVICES
+    connect_timeout: float = 1.0  # how long `connected` waits for the endpoint
     plugins: dict[str, Plugin] = field(default_factory=dict)
     attempts: list[Attempt] = field(default_factory=list)
     _seen: dict[Path, _Seen] = field(default_factory=dict)
@@ -182,7 +184,7 @@ class PluginWatcher:
                     grpc.aio.insecure_channel(f"unix://{info.endpoint or socket}"),
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(plugin.channel.channel_ready(), 1.0)
+                    await asyncio.wait_for(plugin.channel.channel_ready(), self.connect_timeout)
                     plugin.connected = True
                 self.plugins[info.name] = plugin
             self.attempts.append(Attempt(str(socket), info.name, not error, error, versions))
