@@ -14,6 +14,8 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS builder
+# `[dra]` for the DRA driver's image (`make image-dra`): the Kubernetes client comes with it.
+ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -21,7 +23,7 @@ COPY build/wheels /wheels
 # A venv without pip, filled by the base's pip from the wheels alone.
 RUN python3 -m venv --without-pip /opt/deviceplugin \
  && python3 -m pip --python /opt/deviceplugin/bin/python install --no-index --no-cache-dir \
-        --find-links /wheels deviceplugin \
+        --find-links /wheels "deviceplugin${EXTRAS}" \
  && /opt/deviceplugin/bin/deviceplugin --version
 
 FROM ${BASE_IMAGE}

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo lint bench protos image e2e clean
+.PHONY: test demo lint bench protos image image-dra e2e clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,8 +42,14 @@ CONTAINER_TOOL ?= $(shell command -v podman >/dev/null 2>&1 && echo podman || ec
 BASE_IMAGE ?= python:3.11-slim
 IMAGE ?= deviceplugin:$(VERSION)
 
+DRA_IMAGE ?= deviceplugin:$(VERSION)-dra
+
 image: $(STAMP)
 	image/build.sh $(CONTAINER_TOOL) $(BASE_IMAGE) $(IMAGE) $(VERSION) $(PY)
+
+# The DRA driver's image (manifests/dra/): the same, with the Kubernetes client (extra `dra`).
+image-dra: $(STAMP)
+	image/build.sh $(CONTAINER_TOOL) $(BASE_IMAGE) $(DRA_IMAGE) $(VERSION) $(PY) '[dra]'
 
 # End to end with a real runtime (root, podman): prepares this host (e2e/setup-host.sh installs
 # podman and runc when missing, configures them, makes a local Debian base and a busybox image

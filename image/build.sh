@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Build the plugin's image where the build containers reach no package index and no registry.
 #
-#   image/build.sh TOOL BASE_IMAGE IMAGE VERSION PYTHON
+#   image/build.sh TOOL BASE_IMAGE IMAGE VERSION PYTHON [EXTRAS]
+#
+# EXTRAS is a pip extras suffix such as `[dra]` (the DRA driver's image); none by default.
 #
 # The wheels are made here, on the host, with this machine's pip settings (index, proxy, CA),
 # for the Python of the base image (asked from the base itself, so a base with another Python
@@ -9,7 +11,7 @@
 # needs no network, and `--network none` proves it.
 set -euo pipefail
 
-tool=$1 base=$2 image=$3 version=$4 python=$5
+tool=$1 base=$2 image=$3 version=$4 python=$5 extras=${6:-}
 here=$(cd "$(dirname "$0")/.." && pwd)
 wheels="$here/build/wheels"
 
@@ -33,10 +35,10 @@ for glibc in 2_17 2_28 2_31 2_34 2_36; do
 done
 platforms+=(--platform "manylinux2014_${machine}")
 "$python" -m pip download -q --only-binary=:all: --python-version "$pyver" \
-    --implementation cp "${platforms[@]}" --dest "$wheels" "$wheels"/deviceplugin-*.whl
+    --implementation cp "${platforms[@]}" --dest "$wheels" "$(echo "$wheels"/deviceplugin-*.whl)$extras"
 
 "$tool" build --network none \
-    --build-arg "BASE_IMAGE=$base" --build-arg "VERSION=$version" \
+    --build-arg "BASE_IMAGE=$base" --build-arg "VERSION=$version" --build-arg "EXTRAS=$extras" \
     -t "$image" -f "$here/Dockerfile" "$here"
 
 base_size=$("$tool" image inspect --format '{{.Size}}' "$base")

@@ -97,3 +97,18 @@ def test_device_classes_of_the_seed_and_nvidia_compile() -> None:
     for device_class in classes.values():
         for selector in device_class["spec"]["selectors"]:
             Selector(selector["cel"]["expression"])
+
+
+def test_the_daemonset_runs_the_dra_image_of_this_version() -> None:
+    """`make image-dra` builds `deviceplugin:<version>-dra` (the plugin's image has no
+    Kubernetes client, so `dra serve` would exit with startup.missing_dependency there)."""
+    import tomllib
+
+    pyproject = DRA.parent.parent / "pyproject.toml"
+    version = tomllib.loads(pyproject.read_text())["project"]["version"]
+    (daemonset,) = of_kind("DaemonSet")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"deviceplugin:{version}-dra"
+    makefile = (DRA.parent.parent / "Makefile").read_text()
+    assert "DRA_IMAGE ?= deviceplugin:$(VERSION)-dra" in makefile
+    assert "'[dra]'" in makefile
