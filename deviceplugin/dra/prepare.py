@@ -170,10 +170,6 @@ class Preparer:
             return
         log_event(logger, "dra.checkpoint.loaded", claims=len(self._claims))
 
-    def use(self, devices: NodeDevices) -> None:
-        """Map later allocation results to these devices (after a rediscovery)."""
-        self._devices = devices
-
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
         return dict(self._claims)

@@ -7,8 +7,8 @@ kubelet's watcher does), and for each new one: GetInfo (1 s timeout); a type oth
 speaks, and the first one that does is chosen (the kubelet takes the plugin's order); the same
 endpoint registered twice for a driver is refused; a channel to the endpoint is opened (the
 kubelet does not wait for it to connect: `connected` says whether it did within
-`connect_timeout`); then
-NotifyRegistrationStatus (5 s timeout) reports the outcome, with the kubelet's error texts.
+`connect_timeout`); then NotifyRegistrationStatus (5 s timeout) reports the outcome, with the
+kubelet's error texts.
 A failed registration is retried every second, as the plugin manager's reconciler does. A
 socket that disappears deregisters the plugin; one re-created (a restarted driver) registers
 again. `prepare` / `unprepare` call the chosen service, or a given version, as the kubelet
@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import os
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -225,14 +225,6 @@ class PluginWatcher:
             raise LookupError(f"DRA driver {driver} is not registered")
         messages, grpc_module = _STUBS[version or plugin.service]
         return messages, grpc_module.DRAPluginStub(plugin.channel)
-
-
-def claim_triples(claims: Iterable[Mapping[str, Any]]) -> list[ClaimTriple]:
-    """(namespace, name, uid) of ResourceClaim objects, as the kubelet sends them."""
-    return [
-        (c["metadata"].get("namespace", "default"), c["metadata"]["name"], c["metadata"]["uid"])
-        for c in claims
-    ]
 
 
 def _claims(messages: ModuleType, claims: Sequence[ClaimTriple]) -> list[Any]:
