@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo lint bench protos image image-dra e2e clean
+.PHONY: test demo demo-dra lint bench protos image image-dra e2e clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/deviceplugin demo
+
+# The DRA driver on a simulated node: registration, slices, a prepared claim, an Xid, SIGTERM.
+demo-dra: $(STAMP)
+	$(VENV)/bin/deviceplugin dra demo
 
 lint: $(LINT_STAMP)
 	$(PY) -m ruff check deviceplugin tests bench e2e

@@ -28,7 +28,7 @@ GROUPS: list[tuple[str, Group]] = [
     ("start-up", scenarios.startup),
     ("default node: idle, Allocate, events, reloads", scenarios.default_node_figures),
     ("large node: preferred allocation over gRPC", scenarios.large_node_figures),
-    ("DRA: publishing 64 GPUs x 7 MIG to the API-server stand-in", dra.run),
+    ("DRA: publishing 64 GPUs x 7 MIG, Prepare and Unprepare", dra.run),
     ("CDI: the spec of 64 GPUs x 7 MIG", cdi.run),
 ]
 

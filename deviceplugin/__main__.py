@@ -47,6 +47,10 @@ def _run(settings: Settings) -> int:
 
         asyncio.run(serve_dra(settings))
         return 0
+    if settings.command == "dra demo":
+        from deviceplugin.dra_demo import main as dra_demo
+
+        return dra_demo()
     if settings.command == "demo":
         from deviceplugin.demo import demo
 

@@ -161,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dra_runtime = {k: v for k, v in _RUNTIME_FLAGS.items() if k != "kubelet-dir"}
     _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS})
+    dra_commands.add_parser(
+        "demo", help="dra serve on a simulated node against a plugin watcher and an API server"
+    )
     explain = dra_commands.add_parser(
         "explain", help="which devices DeviceClass selectors match on a node, and a claim's devices"
     )

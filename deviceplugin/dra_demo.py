@@ -1,4 +1,4 @@
-"""`python -m deviceplugin.dra_demo`: the DRA driver on a simulated node, told from the
+"""`deviceplugin dra demo` (`make demo-dra`): the DRA driver on a simulated node, told from the
 kubelet's and the scheduler's side.
 
 Starts the API-server stand-in and the plugin-watcher emulator in this process, and
@@ -164,7 +164,3 @@ def main() -> int:
         return asyncio.run(demo(root))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""`python -m deviceplugin.dra_demo` tells the whole story and ends with a clean stop."""
+"""`deviceplugin dra demo` tells the whole story and ends with a clean stop."""
 
 from __future__ import annotations
 
