@@ -8,6 +8,10 @@ The health monitor then reports Xids and recoveries, each republished at once (`
 turns false, a taint is added). After each successful registration the slices are listed and
 repaired, since the kubelet wipes a driver's slices while none of its plugins is registered.
 
+While it runs, a cheap check every few seconds serves again on a socket that was deleted under
+it (the plugin watcher then registers the driver anew), and every minute the node is
+rediscovered: a MIG re-cut or a GPU gone is republished and Prepare maps to the new devices.
+
 On stop both sockets are removed (the kubelet deregisters the driver) and NVML is shut down.
 The claims' CDI specs and the checkpoint stay: running containers are defined by them, and a
 restarted driver answers for them.
@@ -32,7 +36,7 @@ from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.registration import RegistrationServer, plugin_dir, registration_socket
 from deviceplugin.host import SimulatedHost, open_nvml, open_simulated_host, proc_root
 from deviceplugin.model.cdi import CdiOptions
-from deviceplugin.model.config import ParsedConfig, load_config
+from deviceplugin.model.config import Config, ParsedConfig, load_config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.log import log_event
@@ -41,10 +45,13 @@ from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import HealthChange, HealthMonitor, HealthPolicy, parse_duration
 from deviceplugin.node.hostscan import scan_host
 from deviceplugin.node.nvml import Nvml
+from deviceplugin.supervisor import keep_unhealthy_gpus
 
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 1.0
+SOCKET_CHECK_SECONDS = 5.0
+REDISCOVER_SECONDS = 60.0
 
 
 class DraDriver:
@@ -71,6 +78,7 @@ class DraDriver:
         self._inventory: Inventory | None = None
         self._plan: Mapping[str, ResourceSet] = {}
         self._unhealthy: dict[str, str] = {}
+        self._config: Config | None = None
 
     async def start(self) -> None:
         """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
@@ -78,7 +86,7 @@ class DraDriver:
         policy = HealthPolicy.from_env(settings.env)
         recovery_after = parse_duration(settings.health_recovery_after)
         parsed = self._read_config()
-        config = parsed.config
+        config = self._config = parsed.config
         self._nvml = open_nvml(settings.simulate, settings.simulate_events)
         self._nvml.init()
         inventory = await asyncio.to_thread(discover, self._nvml)
@@ -89,15 +97,7 @@ class DraDriver:
         api = await connect(kubeconfig=settings.kubeconfig)
         self.publisher = SlicePublisher(api, self.node, settings.driver_name)
         await self.publisher.publish(inventory, self._desired())  # an API error is retried
-        options = CdiOptions.from_config(config)
-        scan = await asyncio.to_thread(
-            scan_host,
-            inventory.driver_version,
-            options.driver_root,
-            options.dev_root,
-            proc_root(self._host),
-        )
-        devices = NodeDevices.build(inventory, plan.resources, scan, options, settings.driver_name)
+        devices = await self._node_devices()
         self.preparer = Preparer(
             api, self.checkpoint, settings.cdi_spec_dir, settings.driver_name, self.node, devices
         )
@@ -151,7 +151,59 @@ class DraDriver:
         if self.publisher is not None and self._inventory is not None:
             await self.publisher.publish(self._inventory, self._desired())
 
+    async def heal_sockets(self) -> None:
+        """Serve again on a socket deleted under the running driver (a kubelet restart that
+        cleaned its directories, an operator): without the registration socket the plugin
+        watcher never registers the driver again, without the DRA socket no claim prepares."""
+        for name, server in (("dra", self.dra), ("registration", self.registration)):
+            if server is None or server.socket.exists():
+                continue
+            log_event(
+                logger,
+                "dra.socket.recreated",
+                logging.WARNING,
+                server=name,
+                socket=str(server.socket),
+            )
+            await server.stop(0)
+            await server.start()
+
+    async def rediscover(self) -> bool:
+        """Read the node again; on a change (MIG re-cut, a GPU gone) republish and let Prepare
+        map to the new devices. A GPU marked unhealthy that stopped answering stays listed as
+        unhealthy, as in `serve`. True when something changed."""
+        if self._nvml is None or self._config is None or self.preparer is None:
+            return False
+        found = await asyncio.to_thread(discover, self._nvml)
+        inventory = keep_unhealthy_gpus(self._inventory, found, self._unhealthy)
+        if inventory == self._inventory:
+            return False
+        plan = build_plan(inventory, self._config)
+        self._inventory, self._plan = inventory, dict(plan.resources)
+        if self._monitor is not None:
+            self._monitor.update_inventory(inventory)
+        self.preparer.use(await self._node_devices())
+        log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
+        if self.publisher is not None:
+            await self.publisher.publish(inventory, self._desired())
+        return True
+
     # --- internals ------------------------------------------------------------------------------
+
+    async def _node_devices(self) -> NodeDevices:
+        """The published devices with the host facts a claim's CDI spec needs, read now."""
+        assert self._inventory is not None and self._config is not None
+        options = CdiOptions.from_config(self._config)
+        scan = await asyncio.to_thread(
+            scan_host,
+            self._inventory.driver_version,
+            options.driver_root,
+            options.dev_root,
+            proc_root(self._host),
+        )
+        return NodeDevices.build(
+            self._inventory, self._plan, scan, options, self.settings.driver_name
+        )
 
     def _read_config(self) -> ParsedConfig:
         """The merged config; under `--simulate`, pointed at the simulated node's host files."""
@@ -189,8 +241,30 @@ async def serve_dra(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     driver = DraDriver(settings)
+    checks: asyncio.Task[None] | None = None
     try:
         await driver.start()
+        checks = loop.create_task(_periodic(driver))
         await stopping.wait()
     finally:
+        if checks is not None:
+            checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await checks
         await driver.stop()
+
+
+async def _periodic(driver: DraDriver) -> None:
+    """Heal sockets every few seconds and rediscover every minute; a failed turn is logged and
+    the checks go on."""
+    elapsed = 0.0
+    while True:
+        await asyncio.sleep(SOCKET_CHECK_SECONDS)
+        elapsed += SOCKET_CHECK_SECONDS
+        try:
+            await driver.heal_sockets()
+            if elapsed >= REDISCOVER_SECONDS:
+                elapsed = 0.0
+                await driver.rediscover()
+        except Exception:
+            logger.exception("dra.periodic.failed")

@@ -23,7 +23,10 @@ from tests.draplugin import (
     resolve,
     run,
     running_driver,
+    short_dir,
 )
+from tests.simnode import gpu as simgpu
+from tests.simnode import migs, write_node
 
 FOUND = inventory(PRESET)
 WHOLE = FOUND.gpus[5]  # a whole GPU under the mixed strategy
@@ -244,5 +247,50 @@ def test_slices_the_kubelet_wiped_come_back_when_the_plugin_registers_again() ->
                 await node.until(lambda: published(node.server).keys() == before.keys())
             finally:
                 await watcher.stop()
+
+    run(body)
+
+
+def test_a_deleted_registration_socket_is_served_again_and_the_driver_registers_anew() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            socket = node.driver.registration.socket
+            socket.unlink()  # a kubelet restart that cleaned plugins_registry
+            await node.watcher.wait_deregistered(DRIVER)
+            await node.driver.heal_sockets()
+            assert socket.exists()
+            await node.watcher.wait_registered(DRIVER)
+            assert [a.ok for a in node.watcher.attempts] == [True, True]
+            dra_socket = node.driver.dra_socket
+            dra_socket.unlink()
+            await node.driver.heal_sockets()
+            assert dra_socket.exists()
+
+    run(body)
+
+
+def test_a_mig_recut_is_republished_and_prepared_from_the_new_devices() -> None:
+    node_file = write_node(
+        short_dir("dranode") / "node.yaml",
+        [simgpu(0), simgpu(1, **migs(1, "1g.10gb", "1g.10gb"))],
+    )
+
+    def mig_names(devices: dict[str, dict[str, object]]) -> set[str]:
+        return {name for name in devices if "-mig-" in name}
+
+    async def body() -> None:
+        async with running_driver(simulate=str(node_file)) as node:
+            before = mig_names(published(node.server))
+            assert len(before) == 2
+            assert await node.driver.rediscover() is False  # nothing changed: nothing written
+            write_node(node_file, [simgpu(0), simgpu(1, **migs(1, *["1g.10gb"] * 3))])
+            assert await node.driver.rediscover() is True
+            after = mig_names(published(node.server))
+            assert len(after) == 3 and before < after
+            (new,) = after - before
+            ref = node.add_claim(claim("recut", [("gpu", new)]))
+            entry = (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]]
+            assert entry.error == ""
+            assert [d.device_name for d in entry.devices] == [new]
 
     run(body)

@@ -170,6 +170,11 @@ class Preparer:
             return
         log_event(logger, "dra.checkpoint.loaded", claims=len(self._claims))
 
+    def use(self, devices: NodeDevices) -> None:
+        """Map later allocation results to these devices (after a rediscovery); claims already
+        prepared keep the answer they were given."""
+        self._devices = devices
+
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
         return dict(self._claims)
