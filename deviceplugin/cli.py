@@ -159,7 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     dra_serve = dra_commands.add_parser(
         "serve", help="publish ResourceSlices and serve the kubelet's DRA API until stopped"
     )
-    dra_runtime = {k: v for k, v in _RUNTIME_FLAGS.items() if k != "kubelet-dir"}
+    # The DRA driver has its own kubelet root and no HTTP endpoints yet: refuse those flags.
+    dra_runtime = {
+        k: v for k, v in _RUNTIME_FLAGS.items() if k not in ("kubelet-dir", "http-address")
+    }
     _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS})
     dra_commands.add_parser(
         "demo", help="dra serve on a simulated node against a plugin watcher and an API server"
