@@ -1,4 +1,5 @@
-"""Fire-and-forget tasks on the event loop, kept referenced and with their failures logged.
+"""Background work on the event loop: fire-and-forget tasks kept referenced with their failures
+logged (`spawn`), and periodic checks that outlive a failed turn (`periodically`).
 
 asyncio keeps only a weak reference to a task: one nobody holds can vanish mid-flight, and an
 exception in it surfaces, if ever, as "Task exception was never retrieved". Every trigger the
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from deviceplugin.model.log import log_exception
@@ -34,3 +35,26 @@ def _finished(task: asyncio.Task[Any], what: str) -> None:
     error = task.exception()
     if error is not None:
         log_exception(logger, "trigger.failed", error, trigger=what)
+
+
+async def periodically(
+    often: Callable[[], Awaitable[object]],
+    rarely: Callable[[], Awaitable[object]],
+    often_seconds: float,
+    rarely_seconds: float,
+    failed_event: str,
+) -> None:
+    """Run `often` every `often_seconds` and `rarely` about every `rarely_seconds` after it,
+    until cancelled. A failing turn is logged as `failed_event` and the checks go on: one bad
+    turn must not end them for good."""
+    elapsed = 0.0
+    while True:
+        await asyncio.sleep(often_seconds)
+        elapsed += often_seconds
+        try:
+            await often()
+            if elapsed >= rarely_seconds:
+                elapsed = 0.0
+                await rarely()
+        except Exception:
+            logger.exception(failed_event)

@@ -26,7 +26,7 @@ import signal
 import socket
 from collections.abc import Mapping
 
-from deviceplugin.background import spawn
+from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
 from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint
 from deviceplugin.dra.kubeapi import connect
@@ -42,7 +42,13 @@ from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.log import log_event
 from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
 from deviceplugin.node.discovery import discover
-from deviceplugin.node.health import HealthChange, HealthMonitor, HealthPolicy, parse_duration
+from deviceplugin.node.health import (
+    HealthChange,
+    HealthMonitor,
+    HealthPolicy,
+    parse_duration,
+    record_change,
+)
 from deviceplugin.node.hostscan import scan_host
 from deviceplugin.node.nvml import Nvml
 from deviceplugin.supervisor import keep_unhealthy_gpus
@@ -133,13 +139,8 @@ class DraDriver:
 
     async def health_changed(self, change: HealthChange) -> None:
         """Apply one transition from the health monitor and republish."""
-        if change.healthy:
-            if self._unhealthy.pop(change.uuid, None) is None:
-                return
-        elif self._unhealthy.get(change.uuid) == change.reason:
+        if not record_change(self._unhealthy, change):
             return
-        else:
-            self._unhealthy[change.uuid] = change.reason
         log_event(
             logger,
             "device.recovered" if change.healthy else "device.unhealthy",
@@ -244,7 +245,15 @@ async def serve_dra(settings: Settings) -> None:
     checks: asyncio.Task[None] | None = None
     try:
         await driver.start()
-        checks = loop.create_task(_periodic(driver))
+        checks = loop.create_task(
+            periodically(
+                driver.heal_sockets,
+                driver.rediscover,
+                SOCKET_CHECK_SECONDS,
+                REDISCOVER_SECONDS,
+                "dra.periodic.failed",
+            )
+        )
         await stopping.wait()
     finally:
         if checks is not None:
@@ -252,19 +261,3 @@ async def serve_dra(settings: Settings) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await checks
         await driver.stop()
-
-
-async def _periodic(driver: DraDriver) -> None:
-    """Heal sockets every few seconds and rediscover every minute; a failed turn is logged and
-    the checks go on."""
-    elapsed = 0.0
-    while True:
-        await asyncio.sleep(SOCKET_CHECK_SECONDS)
-        elapsed += SOCKET_CHECK_SECONDS
-        try:
-            await driver.heal_sockets()
-            if elapsed >= REDISCOVER_SECONDS:
-                elapsed = 0.0
-                await driver.rediscover()
-        except Exception:
-            logger.exception("dra.periodic.failed")

@@ -13,7 +13,7 @@ import logging
 import signal
 from pathlib import Path
 
-from deviceplugin.background import spawn
+from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
 from deviceplugin.model.log import log_event
@@ -28,21 +28,10 @@ REDISCOVER_SECONDS = 60.0
 SOCKET_CHECK_SECONDS = 5.0
 
 
-async def _periodic(supervisor: Supervisor) -> None:
-    """Check sockets (and retry a CDI spec that could not be written) every few seconds, and
-    the inventory every minute."""
-    elapsed = 0.0
-    while True:
-        await asyncio.sleep(SOCKET_CHECK_SECONDS)
-        elapsed += SOCKET_CHECK_SECONDS
-        try:
-            await supervisor.check_kubelet("periodic check")
-            await supervisor.retry_cdi_spec()
-            if elapsed >= REDISCOVER_SECONDS:
-                elapsed = 0.0
-                await supervisor.rediscover()
-        except Exception:  # one bad turn must not end the checks for good
-            logger.exception("periodic.failed")
+async def _often(supervisor: Supervisor) -> None:
+    """Check the kubelet's sockets and retry a CDI spec that could not be written."""
+    await supervisor.check_kubelet("periodic check")
+    await supervisor.retry_cdi_spec()
 
 
 async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None) -> None:
@@ -77,7 +66,15 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
             lambda: supervisor.check_kubelet("kubelet directory changed"),
         )
         watchers.start()
-        periodic = loop.create_task(_periodic(supervisor))
+        periodic = loop.create_task(
+            periodically(
+                lambda: _often(supervisor),
+                supervisor.rediscover,
+                SOCKET_CHECK_SECONDS,
+                REDISCOVER_SECONDS,
+                "periodic.failed",
+            )
+        )
         log_event(logger, "plugin.started", resources=sorted(supervisor.status().resources))
         await supervisor.wait_stopped()
     finally:

@@ -31,7 +31,13 @@ from deviceplugin.model.errors import ConfigError, DevicePluginError, DiscoveryE
 from deviceplugin.model.log import log_event
 from deviceplugin.model.resources import Plan, ResourceSet, apply_health, build_plan
 from deviceplugin.node.discovery import discover
-from deviceplugin.node.health import HealthChange, HealthMonitor, HealthPolicy, parse_duration
+from deviceplugin.node.health import (
+    HealthChange,
+    HealthMonitor,
+    HealthPolicy,
+    parse_duration,
+    record_change,
+)
 from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.node.nvml import Nvml
 from deviceplugin.ops.metrics import Metrics
@@ -252,13 +258,8 @@ class Supervisor:
         async with self._lock:
             if self._stopping:
                 return
-            if change.healthy:
-                if self._unhealthy.pop(change.uuid, None) is None:
-                    return
-            elif self._unhealthy.get(change.uuid) == change.reason:
+            if not record_change(self._unhealthy, change):
                 return
-            else:
-                self._unhealthy[change.uuid] = change.reason
             ids = [
                 device.id
                 for resource in self._planned.values()

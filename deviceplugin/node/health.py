@@ -63,6 +63,17 @@ class HealthChange:
     xid: int | None = None
 
 
+def record_change(unhealthy: dict[str, str], change: HealthChange) -> bool:
+    """Apply `change` to the UUID -> reason map of unhealthy devices; False when it changes
+    nothing (a recovery of a healthy device, the same reason again), so the caller skips it."""
+    if change.healthy:
+        return unhealthy.pop(change.uuid, None) is not None
+    if unhealthy.get(change.uuid) == change.reason:
+        return False
+    unhealthy[change.uuid] = change.reason
+    return True
+
+
 def parse_duration(text: str) -> float | None:
     """Seconds for DP_HEALTH_RECOVERY_AFTER: "300", "90s", "5m", "1h30m"; "off" / "never" mean
     no recovery (None)."""
