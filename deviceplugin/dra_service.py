@@ -12,6 +12,9 @@ While it runs, a cheap check every few seconds serves again on a socket that was
 it (the plugin watcher then registers the driver anew), and every minute the node is
 rediscovered: a MIG re-cut or a GPU gone is republished and Prepare maps to the new devices.
 
+Without NVML, `failOnInitError: true` (the default) fails start-up; `false` idles as `serve`
+does: nothing published, nothing registered, until stopped.
+
 On stop both sockets are removed (the kubelet deregisters the driver) and NVML is shut down.
 The claims' CDI specs and the checkpoint stay: running containers are defined by them, and a
 restarted driver answers for them.
@@ -38,7 +41,7 @@ from deviceplugin.host import SimulatedHost, open_nvml, open_simulated_host, pro
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config, ParsedConfig, load_config
 from deviceplugin.model.devices import Inventory
-from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.errors import DevicePluginError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
 from deviceplugin.node.discovery import discover
@@ -93,8 +96,21 @@ class DraDriver:
         recovery_after = parse_duration(settings.health_recovery_after)
         parsed = self._read_config()
         config = self._config = parsed.config
-        self._nvml = open_nvml(settings.simulate, settings.simulate_events)
-        self._nvml.init()
+        try:
+            self._nvml = open_nvml(settings.simulate, settings.simulate_events)
+            self._nvml.init()
+        except NvmlError as exc:
+            self._nvml = None
+            if config.flags.fail_on_init_error:
+                raise
+            log_event(
+                logger,
+                "nvml.unavailable",
+                logging.WARNING,
+                error=str(exc),
+                hint="failOnInitError is false: publishing nothing, not registering",
+            )
+            return
         inventory = await asyncio.to_thread(discover, self._nvml)
         plan = build_plan(inventory, config)
         for warning in (*parsed.warnings, *plan.warnings):
@@ -156,8 +172,10 @@ class DraDriver:
         """Serve again on a socket deleted under the running driver (a kubelet restart that
         cleaned its directories, an operator): without the registration socket the plugin
         watcher never registers the driver again, without the DRA socket no claim prepares."""
+        if self.dra is None:  # never started (no NVML with failOnInitError false)
+            return
         for name, server in (("dra", self.dra), ("registration", self.registration)):
-            if server is None or server.socket.exists():
+            if server.socket.exists():
                 continue
             log_event(
                 logger,

@@ -6,10 +6,14 @@ checkpoint across a restart, per-claim errors, and health reaching the published
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+from deviceplugin.cli import Settings
 from deviceplugin.dra.registration import SUPPORTED_SERVICES
+from deviceplugin.dra_service import DraDriver
+from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.hostpaths import capability_node, compute_instance_key, gpu_instance_key
 from deviceplugin.sim.hostroot import mig_minors_table
 from deviceplugin.sim.pluginwatcher import PluginWatcher
@@ -292,5 +296,38 @@ def test_a_mig_recut_is_republished_and_prepared_from_the_new_devices() -> None:
             entry = (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]]
             assert entry.error == ""
             assert [d.device_name for d in entry.devices] == [new]
+
+    run(body)
+
+
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="this host has an NVIDIA driver")
+def test_without_nvml_fail_on_init_error_decides_raise_or_idle() -> None:
+    """Real NVML on a host without a driver: failOnInitError true raises (exit 1 in
+    `__main__`); false idles, publishing nothing and registering nothing, even after the
+    periodic socket check."""
+
+    def driver(fail: str) -> DraDriver:
+        root = short_dir()
+        return DraDriver(
+            Settings(
+                command="dra serve",
+                overrides={"fail_on_init_error": fail},
+                kubelet_root=root / "kubelet",
+                cdi_spec_dir=root / "cdi",
+                node_name=NODE,
+            )
+        )
+
+    async def body() -> None:
+        failing = driver("true")
+        with pytest.raises(NvmlError):
+            await failing.start()
+        await failing.stop()
+        idle = driver("false")
+        await idle.start()
+        await idle.heal_sockets()
+        assert not idle.registration.socket.exists() and not idle.dra_socket.exists()
+        assert await idle.rediscover() is False
+        await idle.stop()
 
     run(body)
