@@ -6,8 +6,10 @@ and a simulated node's, so the node engine and every front-end run the same code
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from deviceplugin.model.config import Config
@@ -36,15 +38,17 @@ DRIVER_ROOT_OVERRIDE = "nvidia_driver_root"
 class SimulatedHost:
     """The host files of a simulated node (`sim/hostroot.py`): a directory standing for the
     whole host, so its `proc/` and `dev/` are read where a real node's `/proc` and `/dev`
-    would be. A temporary one is removed by `close()`."""
+    would be. `proc` overrides where the kernel module's files are read (a tree without a
+    `proc/`); `temporary` paths are removed by `close()`."""
 
-    def __init__(self, root: str, temporary: bool) -> None:
+    def __init__(self, root: str, temporary: bool, proc: str | None = None) -> None:
         self.root = root
         self.temporary = temporary
+        self._proc = proc
 
     @property
     def proc_root(self) -> str:
-        return host_path(self.root, REAL_PROC_ROOT)
+        return self._proc or host_path(self.root, REAL_PROC_ROOT)
 
     @property
     def overrides(self) -> dict[str, str | None]:
@@ -55,27 +59,40 @@ class SimulatedHost:
     def close(self) -> None:
         if self.temporary:
             shutil.rmtree(self.root, ignore_errors=True)
+        if self._proc is not None:
+            shutil.rmtree(self._proc, ignore_errors=True)
 
 
 def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost | None:
     """None on a real node. Under `--simulate`, the config's driver root is the simulated host
-    when one is set (a tree made with `deviceplugin sim-root`); otherwise the node's tree is
-    laid out in a new temp dir, removed by `close()`."""
+    when one is set (a tree made with `deviceplugin sim-root`; one with no `proc/` gets the
+    simulated kernel module's files in a temp dir); otherwise the node's tree is laid out in a
+    new temp dir. `close()` removes what was made."""
     if simulate is None:
         return None
-    if config.flags.nvidia_driver_root != "/":
-        return SimulatedHost(config.flags.nvidia_driver_root, temporary=False)
-    from deviceplugin.sim.hostroot import lay_out  # loaded only when simulating
+    root = config.flags.nvidia_driver_root
+    if root != "/":
+        if os.path.isdir(host_path(root, REAL_PROC_ROOT)):
+            return SimulatedHost(root, temporary=False)
+        from deviceplugin.sim.hostroot import lay_out_proc  # loaded only when simulating
+
+        return SimulatedHost(root, temporary=False, proc=_made(lay_out_proc))
+    from deviceplugin.sim.hostroot import lay_out
     from deviceplugin.sim.node import read_node, resolve_node_path
 
     node = read_node(resolve_node_path(simulate))
-    root = tempfile.mkdtemp(prefix="dp-simhost-")
+    return SimulatedHost(_made(lambda d: lay_out(node, d, every_instance=False)), temporary=True)
+
+
+def _made(fill: Callable[[Path], object]) -> str:
+    """A new temp dir filled by `fill`, removed again if that fails."""
+    directory = tempfile.mkdtemp(prefix="dp-simhost-")
     try:
-        lay_out(node, Path(root), every_instance=False)
+        fill(Path(directory))
     except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
         raise
-    return SimulatedHost(root, temporary=True)
+    return directory
 
 
 def proc_root(host: SimulatedHost | None) -> str:

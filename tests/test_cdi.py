@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -481,3 +482,31 @@ def test_serve_simulates_without_a_writable_temp_dir(monkeypatch: Any) -> None:
             assert set(plugin.kubelet.resources()) == {GPU, MIG}
 
     run(body())
+
+
+def test_a_driver_root_without_proc_gets_the_simulated_kernel_modules_files(
+    tmp_path: Path,
+) -> None:
+    """A tree of device nodes only (no `proc/`): the simulator supplies mig-minors and the
+    majors, so MIG devices are defined and their device specs answered."""
+    root = tmp_path / "devonly"
+    lay_out(read_node(resolve_node_path(PRESET)), root)
+    shutil.rmtree(root / "proc")
+
+    async def body() -> str:
+        env = {**CDI_CRI, "NVIDIA_DRIVER_ROOT": str(root)}
+        async with running_plugin(env=env) as plugin:
+            host = plugin.supervisor._host
+            assert host is not None and not host.temporary
+            assert not host.proc_root.startswith(str(root))
+            spec = read_spec(plugin)
+            mig_id = advertised(plugin, MIG)[0]
+            (name,) = await cdi_names(plugin, MIG, mig_id)
+            device = spec_devices(spec)[name.removeprefix(f"{KIND}=")]
+            caps = [p for p in node_paths(device) if "nvidia-caps" in p]
+            assert len(caps) == 2
+            return host.proc_root
+
+    proc = run(body())
+    assert not os.path.exists(proc)  # the temporary proc tree is gone
+    assert root.exists()  # the user's tree is left alone

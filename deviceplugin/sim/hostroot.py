@@ -94,15 +94,21 @@ def device_nodes(node: Node, every_instance: bool = True) -> dict[str, tuple[int
     return nodes
 
 
+def lay_out_proc(proc: Path) -> None:
+    """The kernel module's files under `proc`: the whole mig-minors table and the character
+    majors of `devices`."""
+    table = "".join(f"{key} {minor}\n" for key, minor in mig_minors_table().items())
+    _write(proc / MIG_MINORS, table.encode())
+    _write(proc / "devices", proc_devices_text().encode())
+
+
 def lay_out(node: Node, root: Path, every_instance: bool = True) -> bool:
     """Write the host tree of `node` under `root` (created if missing; files already there are
     replaced). True when the device nodes are real character devices. `every_instance` as in
     `device_nodes`: creating a node costs about half a millisecond here, so the temporary tree
     of `serve --simulate` makes only the ones in use."""
     version = node.driver_version
-    table = "".join(f"{key} {minor}\n" for key, minor in mig_minors_table().items())
-    _write(root / "proc" / MIG_MINORS, table.encode())
-    _write(root / "proc/devices", proc_devices_text().encode())
+    lay_out_proc(root / "proc")
     real = os.geteuid() == 0
     for path, (major, minor) in device_nodes(node, every_instance).items():
         real = _device(root / path.lstrip("/"), major, minor, real)
