@@ -9,7 +9,6 @@ the spec, so containers already running on it can still be restarted. With no CD
 
 from __future__ import annotations
 
-import errno
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from deviceplugin.model.cdi import CdiError, CdiOptions, build_spec, cdi_enabled
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
-from deviceplugin.node.cdiwriter import SpecWriter
+from deviceplugin.node.cdiwriter import SpecWriter, errno_name
 from deviceplugin.node.hostscan import scan_host
 
 logger = logging.getLogger(__name__)
@@ -68,8 +67,7 @@ class CdiSpecKeeper:
                     log_event(logger, "cdi.spec.removed", path=path)
                 self._in_force = None
         except OSError as exc:
-            code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
-            self._failed(path, code, exc.strerror or str(exc))
+            self._failed(path, errno_name(exc), exc.strerror or str(exc))
             return False
         except CdiError as exc:
             self._failed(path, "", str(exc))

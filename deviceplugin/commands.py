@@ -11,7 +11,7 @@ import yaml
 
 from deviceplugin.cdispec import node_spec
 from deviceplugin.cli import Settings
-from deviceplugin.host import open_nvml, open_simulated_host, proc_root
+from deviceplugin.host import open_host_config, open_nvml, proc_root
 from deviceplugin.model.cdi import cdi_enabled
 from deviceplugin.model.config import load_config, parse_config, summary
 from deviceplugin.model.config_keys import read_text
@@ -38,12 +38,13 @@ def validate_config(settings: Settings) -> int:
 def cdi_spec(settings: Settings) -> int:
     """Print the CDI spec `serve` with these flags would write on this node (exit 0), so it
     can be diffed against another generator's. Says on stderr when no CDI strategy is on."""
-    config = load_config(settings.config_file, settings.overrides, settings.env).config
-    host = open_simulated_host(settings.simulate, config)
+    parsed, host, _ = open_host_config(
+        settings.simulate,
+        settings.overrides,
+        lambda overrides: load_config(settings.config_file, overrides, settings.env),
+    )
+    config = parsed.config
     try:
-        if host is not None and host.overrides:
-            overrides = {**settings.overrides, **host.overrides}
-            config = load_config(settings.config_file, overrides, settings.env).config
         nvml = open_nvml(settings.simulate)
         nvml.init()
         try:

@@ -37,7 +37,7 @@ from deviceplugin.dra.plugin import SOCKET_NAME, DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.registration import RegistrationServer, plugin_dir, registration_socket
-from deviceplugin.host import SimulatedHost, open_nvml, open_simulated_host, proc_root
+from deviceplugin.host import SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config, ParsedConfig, load_config
 from deviceplugin.model.devices import Inventory
@@ -227,12 +227,12 @@ class DraDriver:
     def _read_config(self) -> ParsedConfig:
         """The merged config; under `--simulate`, pointed at the simulated node's host files."""
         settings = self.settings
-        parsed = load_config(settings.config_file, settings.overrides, settings.env)
-        self._host = open_simulated_host(settings.simulate, parsed.config)
-        if self._host is None or not self._host.overrides:
-            return parsed
-        overrides = {**settings.overrides, **self._host.overrides}
-        return load_config(settings.config_file, overrides, settings.env)
+        parsed, self._host, _ = open_host_config(
+            settings.simulate,
+            settings.overrides,
+            lambda overrides: load_config(settings.config_file, overrides, settings.env),
+        )
+        return parsed
 
     def _desired(self) -> dict[str, ResourceSet]:
         return apply_health(self._plan, self._unhealthy)

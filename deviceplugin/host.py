@@ -6,15 +6,17 @@ and a simulated node's, so the node engine and every front-end run the same code
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from deviceplugin.model.config import Config
+from deviceplugin.model.config import Config, ParsedConfig
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.hostpaths import host_path
+from deviceplugin.model.log import log_event
 from deviceplugin.node.nvml import Nvml, real_nvml
 
 
@@ -30,6 +32,8 @@ def open_nvml(simulate: str | None, events_path: str | None = None) -> Nvml:
     sim = FakeNvml(simulate, events_path)
     return Nvml(sim, numa_reader=sim.numa_node)
 
+
+logger = logging.getLogger(__name__)
 
 REAL_PROC_ROOT = "/proc"
 DRIVER_ROOT_OVERRIDE = "nvidia_driver_root"
@@ -82,6 +86,35 @@ def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost |
 
     node = read_node(resolve_node_path(simulate))
     return SimulatedHost(_made(lambda d: lay_out(node, d, every_instance=False)), temporary=True)
+
+
+Overrides = Mapping[str, str | None]
+
+
+def open_host_config(
+    simulate: str | None, overrides: Overrides, parse: Callable[[Overrides], ParsedConfig]
+) -> tuple[ParsedConfig, SimulatedHost | None, Overrides]:
+    """The config `parse(overrides)` gives, and under `--simulate` the simulated node's host
+    files; when the simulator laid out a temporary tree, the config parsed again with that
+    tree as its driver root. Also the overrides in force, for later reloads. Without a
+    writable temp dir (a read-only root with no /tmp) there is no simulated host: that is
+    logged, and the real host's files are read as before."""
+    parsed = parse(overrides)
+    try:
+        host = open_simulated_host(simulate, parsed.config)
+    except OSError as exc:
+        log_event(
+            logger,
+            "simulate.host_files_unavailable",
+            logging.WARNING,
+            error=f"{exc.filename or ''}: {exc.strerror or exc}",
+            hint="reading host files from the real /proc and driver root instead",
+        )
+        return parsed, None, overrides
+    if host is None or not host.overrides:
+        return parsed, host, overrides
+    merged = {**overrides, **host.overrides}
+    return parse(merged), host, merged
 
 
 def _made(fill: Callable[[Path], object]) -> str:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from deviceplugin.background import spawn
 from deviceplugin.cdispec import CdiSpecKeeper
 from deviceplugin.cli import Settings
-from deviceplugin.host import SimulatedHost, open_nvml, open_simulated_host, proc_root
+from deviceplugin.host import SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.kubelet.registrar import Registrar
 from deviceplugin.kubelet.responder import NodeAllocator
 from deviceplugin.kubelet.server import PluginServer
@@ -102,8 +102,8 @@ class Supervisor:
         NvmlError for start-up failures that `__main__` turns into exit codes."""
         policy = HealthPolicy.from_env(self.settings.env)
         recovery_after = parse_duration(self.settings.health_recovery_after)
-        parsed, text = self._read_config()
-        parsed = self._open_host(parsed, text)
+        text = self._read_text()
+        parsed = self._open_host(text)
         self._adopt_config(parsed, text, AllocateOptions.from_config(parsed.config))
         config = parsed.config
         self._prepare_kubelet_dir()
@@ -229,6 +229,8 @@ class Supervisor:
 
     async def retry_cdi_spec(self) -> bool:
         """Try again to write the CDI spec whose last write failed; True when it is in place."""
+        if self._cdi.error is None:  # the common case: no lock taken every few seconds
+            return True
         async with self._lock:
             if self._stopping or self._cdi.error is None:
                 return self._cdi.error is None
@@ -281,10 +283,6 @@ class Supervisor:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _read_config(self) -> tuple[ParsedConfig, str]:
-        text = self._read_text()
-        return self._parse(text), text
-
     def _read_text(self) -> str:
         """The config file's content; "" without a config file."""
         path = self.settings.config_file
@@ -296,29 +294,20 @@ class Supervisor:
         """The file's content with flag and environment overrides applied."""
         return load_config_text(text, self.settings.config_file, self._overrides, self.settings.env)
 
-    def _open_host(self, parsed: ParsedConfig, text: str) -> ParsedConfig:
-        """Under `--simulate`, open the simulated node's host files and read device nodes,
-        mig-minors and driver files there (Allocate and the CDI spec alike); `parsed` again
-        with a temporary tree's driver root when the simulator laid one out."""
-        try:
-            self._host = open_simulated_host(self.settings.simulate, parsed.config)
-        except OSError as exc:  # no writable temp dir (a read-only root without /tmp)
-            log_event(
-                logger,
-                "simulate.host_files_unavailable",
-                logging.WARNING,
-                error=f"{exc.filename or ''}: {exc.strerror or exc}",
-                hint="reading host files from the real /proc and driver root instead",
-            )
-            return parsed
-        if self._host is None:
-            return parsed
-        self._allocator = NodeAllocator(Config(), host=HostDevices(self._host.proc_root))
-        self._cdi = CdiSpecKeeper(self.settings.cdi_spec_dir, self._host.proc_root)
-        if not self._host.overrides:
-            return parsed
-        self._overrides = {**self.settings.overrides, **self._host.overrides}
-        return self._parse(text)
+    def _open_host(self, text: str) -> ParsedConfig:
+        """`text` parsed, with the simulated node's host files opened under `--simulate`:
+        Allocate and the CDI spec then read device nodes, mig-minors and driver files there."""
+        parsed, self._host, self._overrides = open_host_config(
+            self.settings.simulate,
+            self.settings.overrides,
+            lambda overrides: load_config_text(
+                text, self.settings.config_file, overrides, self.settings.env
+            ),
+        )
+        if self._host is not None:
+            self._allocator = NodeAllocator(Config(), host=HostDevices(self._host.proc_root))
+            self._cdi = CdiSpecKeeper(self.settings.cdi_spec_dir, self._host.proc_root)
+        return parsed
 
     def _adopt_config(self, parsed: ParsedConfig, text: str, options: AllocateOptions) -> None:
         self._parsed, self._config_text, self._rejected_text = parsed, text, None

@@ -23,7 +23,6 @@ checkpoint entry; an unknown claim is already unprepared.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +49,7 @@ from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.log import log_event
 from deviceplugin.model.resources import ResourceSet
 from deviceplugin.model.slices import build_devices, device_name
-from deviceplugin.node.cdiwriter import SpecWriter
+from deviceplugin.node.cdiwriter import SpecWriter, describe
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +220,9 @@ class Preparer:
                 try:
                     SpecWriter(self.spec_path(ref.uid)).remove()
                 except OSError as err:
-                    errors[ref.uid] = f"removing CDI spec {self.spec_path(ref.uid)}: {_why(err)}"
+                    errors[ref.uid] = (
+                        f"removing CDI spec {self.spec_path(ref.uid)}: {describe(err)}"
+                    )
                     continue
                 errors[ref.uid] = ""
                 known = self._claims.pop(ref.uid, None)
@@ -233,7 +234,7 @@ class Preparer:
                 except OSError as err:
                     self._claims.update(removed)  # a retry saves again
                     for uid in removed:
-                        errors[uid] = f"saving checkpoint {self._checkpoint.path}: {_why(err)}"
+                        errors[uid] = f"saving checkpoint {self._checkpoint.path}: {describe(err)}"
             for uid, claim in removed.items():
                 if not errors[uid]:
                     log_event(
@@ -315,7 +316,7 @@ class Preparer:
         try:
             SpecWriter(path).write(spec)
         except OSError as err:
-            why = f"writing CDI spec {path}: {_why(err)}"
+            why = f"writing CDI spec {path}: {describe(err)}"
             raise PrepareError(f"ResourceClaim {ref}: {why}") from err
 
     def _commit(self, fresh: Mapping[str, PreparedClaim]) -> dict[str, Outcome]:
@@ -324,7 +325,7 @@ class Preparer:
         try:
             self._checkpoint.save(self._claims)
         except OSError as err:
-            why = f"saving checkpoint {self._checkpoint.path}: {_why(err)}"
+            why = f"saving checkpoint {self._checkpoint.path}: {describe(err)}"
             log_event(logger, "dra.checkpoint.failed", logging.ERROR, error=why)
             for uid in fresh:
                 del self._claims[uid]
@@ -344,8 +345,3 @@ class Preparer:
                 devices=[d.device for d in claim.devices],
             )
         return {uid: Outcome(claim.devices) for uid, claim in fresh.items()}
-
-
-def _why(err: OSError) -> str:
-    code = errno.errorcode.get(err.errno or 0, "")
-    return f"{code} {err.strerror or err}".strip()

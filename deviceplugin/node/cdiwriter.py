@@ -12,6 +12,7 @@ and retry.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -20,6 +21,16 @@ from pathlib import Path
 from typing import Any
 
 SPEC_MODE = 0o644
+
+
+def errno_name(err: OSError) -> str:
+    """`EROFS`, `ENOSPC`, ...: the symbol an operator searches for; "" when there is none."""
+    return errno.errorcode.get(err.errno or 0, "")
+
+
+def describe(err: OSError) -> str:
+    """`EROFS Read-only file system`: the errno's name and its text, for a per-call error."""
+    return f"{errno_name(err)} {err.strerror or err}".strip()
 
 
 def render(spec: Mapping[str, Any]) -> bytes:
