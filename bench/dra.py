@@ -34,7 +34,7 @@ from bench.report import Figure, median, p99
 from deviceplugin.cli import Settings
 from deviceplugin.dra.kubeapi import connect
 from deviceplugin.dra.publisher import SlicePublisher
-from deviceplugin.dra_service import DraDriver
+from deviceplugin.dra.service import DraDriver
 from deviceplugin.host import open_nvml
 from deviceplugin.model.config import load_config
 from deviceplugin.model.devices import Inventory

@@ -39,16 +39,16 @@ def _run(settings: Settings) -> int:
 
         return sim_root(settings)
     if settings.command == "dra explain":
-        from deviceplugin.dra_explain import explain, options_from
+        from deviceplugin.dra.explain import explain, options_from
 
         return explain(options_from(settings))
     if settings.command == "dra serve":
-        from deviceplugin.dra_service import serve_dra
+        from deviceplugin.dra.service import serve_dra
 
         asyncio.run(serve_dra(settings))
         return 0
     if settings.command == "dra demo":
-        from deviceplugin.dra_demo import main as dra_demo
+        from deviceplugin.dra.demo import main as dra_demo
 
         return dra_demo()
     if settings.command == "demo":

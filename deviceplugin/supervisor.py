@@ -26,7 +26,7 @@ from deviceplugin.kubelet.server import PluginServer
 from deviceplugin.model.allocation import AllocateOptions
 from deviceplugin.model.config import Config, ParsedConfig, load_config_text
 from deviceplugin.model.config_keys import read_text
-from deviceplugin.model.devices import Inventory, Link
+from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
 from deviceplugin.model.errors import ConfigError, DevicePluginError, DiscoveryError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.model.resources import Plan, ResourceSet, apply_health, build_plan
@@ -46,26 +46,6 @@ from deviceplugin.ops.status import Status
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 1.0
-
-
-def keep_unhealthy_gpus(
-    previous: Inventory | None, found: Inventory, unhealthy: Mapping[str, str]
-) -> Inventory:
-    """`found`, plus every GPU of `previous` that is marked Unhealthy and was not found again
-    (a GPU that fell off the bus stops answering discovery) — with its links."""
-    if previous is None:
-        return found
-    present = {gpu.uuid for gpu in found.gpus}
-    kept = [g for g in previous.gpus if g.uuid not in present and g.uuid in unhealthy]
-    if not kept:
-        return found
-    indices = {gpu.index for gpu in kept}
-    links: dict[tuple[int, int], Link] = {
-        pair: link for pair, link in previous.links.items() if indices & set(pair)
-    }
-    links.update(found.links)
-    gpus = tuple(sorted((*found.gpus, *kept), key=lambda gpu: gpu.index))
-    return replace(found, gpus=gpus, links=links)
 
 
 class Supervisor:

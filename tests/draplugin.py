@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.cli import Settings
-from deviceplugin.dra_service import DraDriver
+from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import lay_out

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from deviceplugin.dra_demo import demo
+from deviceplugin.dra.demo import demo
 from tests.draplugin import short_dir
 
 

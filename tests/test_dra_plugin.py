@@ -12,7 +12,7 @@ import pytest
 
 from deviceplugin.cli import Settings
 from deviceplugin.dra.registration import SUPPORTED_SERVICES
-from deviceplugin.dra_service import DraDriver
+from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.hostpaths import capability_node, compute_instance_key, gpu_instance_key
 from deviceplugin.sim.hostroot import mig_minors_table

@@ -9,7 +9,7 @@ physical UUID. Because the values are frozen and comparable, "what changed" is p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
 
 
@@ -130,3 +130,23 @@ def replica_id(physical_uuid: str, replica: int) -> str:
 def strip_replica(device_id: str) -> str:
     """The physical UUID behind a device ID (the part before `::`)."""
     return device_id.split("::", 1)[0]
+
+
+def keep_unhealthy_gpus(
+    previous: Inventory | None, found: Inventory, unhealthy: Mapping[str, str]
+) -> Inventory:
+    """`found`, plus every GPU of `previous` that is marked Unhealthy and was not found again
+    (a GPU that fell off the bus stops answering discovery) — with its links."""
+    if previous is None:
+        return found
+    present = {gpu.uuid for gpu in found.gpus}
+    kept = [g for g in previous.gpus if g.uuid not in present and g.uuid in unhealthy]
+    if not kept:
+        return found
+    indices = {gpu.index for gpu in kept}
+    links: dict[tuple[int, int], Link] = {
+        pair: link for pair, link in previous.links.items() if indices & set(pair)
+    }
+    links.update(found.links)
+    gpus = tuple(sorted((*found.gpus, *kept), key=lambda gpu: gpu.index))
+    return replace(found, gpus=gpus, links=links)

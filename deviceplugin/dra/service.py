@@ -40,7 +40,7 @@ from deviceplugin.dra.registration import RegistrationServer, plugin_dir, regist
 from deviceplugin.host import SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config, ParsedConfig, load_config
-from deviceplugin.model.devices import Inventory
+from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
 from deviceplugin.model.errors import DevicePluginError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
@@ -54,7 +54,6 @@ from deviceplugin.node.health import (
 )
 from deviceplugin.node.hostscan import scan_host
 from deviceplugin.node.nvml import Nvml
-from deviceplugin.supervisor import keep_unhealthy_gpus
 
 logger = logging.getLogger(__name__)
 
