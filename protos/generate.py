@@ -21,6 +21,8 @@ PROTOS = (
     "deviceplugin/dra/v1/api.proto",
     "deviceplugin/dra/v1beta1/api.proto",
     "deviceplugin/dra/pluginregistration/v1/api.proto",
+    "deviceplugin/dra/health/v1alpha1/api.proto",
+    "deviceplugin/dra/health/v1/api.proto",
 )
 
 

@@ -136,3 +136,39 @@ def test_plugin_registration_wire_names() -> None:
     service = registration.DESCRIPTOR.services_by_name["Registration"]
     assert service.full_name == "pluginregistration.Registration"
     assert set(service.methods_by_name) == {"GetInfo", "NotifyRegistrationStatus"}
+
+
+HEALTH_FIELDS = {
+    "NodeWatchResourcesRequest": {},
+    "DeviceIdentifier": {"pool_name": 1, "device_name": 2},
+    "DeviceHealth": {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    },
+    "NodeWatchResourcesResponse": {"devices": 1},
+}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_dra_health_wire_names(version: str) -> None:
+    """Package `v1` / `v1alpha1` as in k8s.io/kubelet/pkg/apis/dra-health: the kubelet calls
+    `/<version>.DRAResourceHealth/NodeWatchResources`."""
+    module = importlib.import_module(f"deviceplugin.dra.health.{version}.api_pb2")
+    assert module.DESCRIPTOR.package == version
+    assert _dra_messages(module) == HEALTH_FIELDS
+    status = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in status.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    service = module.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert service.full_name == f"{version}.DRAResourceHealth"
+    (method,) = service.methods
+    assert method.name == "NodeWatchResources"
+    assert method.server_streaming and not method.client_streaming
+    assert method.input_type.name == "NodeWatchResourcesRequest"
+    assert method.output_type.name == "NodeWatchResourcesResponse"
+    fields = module.DESCRIPTOR.message_types_by_name["DeviceHealth"].fields_by_name
+    assert fields["health"].enum_type.full_name == f"{version}.HealthStatus"
+    assert fields["last_updated_time"].type == fields["last_updated_time"].TYPE_INT64
+    assert fields["health_check_timeout_seconds"].type == fields["last_updated_time"].TYPE_INT64
