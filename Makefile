@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo demo-dra lint bench protos image image-dra e2e clean
+.PHONY: test demo demo-dra lint bench protos image image-dra e2e cluster-images cluster cluster-down e2e-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,7 +66,30 @@ e2e: $(STAMP)
 	@if [ "$$(id -u)" -ne 0 ]; then echo "make e2e needs root (podman, mknod, mount namespaces): sudo make e2e" >&2; exit 2; fi
 	E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) e2e/setup-host.sh
 	$(MAKE) image BASE_IMAGE=$(E2E_BASE_IMAGE) IMAGE=$(E2E_IMAGE)
-	IMAGE=$(E2E_IMAGE) E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) $(PY) -m pytest -p no:cacheprovider -v e2e
+	IMAGE=$(E2E_IMAGE) E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) $(PY) -m pytest -p no:cacheprovider -v --ignore=e2e/cluster e2e
+
+# A real single-node Kubernetes 1.37 cluster built from source (e2e/cluster/: Go 1.26, root; the
+# build is cached outside the clone). `make cluster` brings it up with the plugin's images
+# imported, `make cluster-down` removes it; `make e2e-cluster` runs the scenarios in between.
+E2E_DRA_IMAGE ?= localhost/deviceplugin:e2e-dra
+E2E_BUSYBOX_IMAGE ?= localhost/deviceplugin-e2e-busybox:latest
+
+cluster-images: $(STAMP)
+	@if [ "$$(id -u)" -ne 0 ]; then echo "the cluster needs root: sudo make $@" >&2; exit 2; fi
+	E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) e2e/setup-host.sh
+	$(MAKE) image BASE_IMAGE=$(E2E_BASE_IMAGE) IMAGE=$(E2E_IMAGE)
+	$(MAKE) image-dra BASE_IMAGE=$(E2E_BASE_IMAGE) DRA_IMAGE=$(E2E_DRA_IMAGE)
+	e2e/cluster/save-images.sh $(E2E_IMAGE) $(E2E_DRA_IMAGE) $(E2E_BUSYBOX_IMAGE)
+
+cluster: $(STAMP)
+	e2e/cluster/cluster up
+
+cluster-down:
+	e2e/cluster/cluster down
+
+e2e-cluster: cluster
+	E2E_IMAGE=$(E2E_IMAGE) E2E_DRA_IMAGE=$(E2E_DRA_IMAGE) $(PY) -m pytest -p no:cacheprovider -v e2e/cluster; \
+		status=$$?; e2e/cluster/cluster down; exit $$status
 
 # Regenerate the committed gRPC stubs from protos/ (tests check they match).
 protos: $(STAMP)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from deviceplugin.sim.node import Node
+
 WORKLOAD_IMAGE = os.environ.get("E2E_WORKLOAD_IMAGE", "localhost/deviceplugin-e2e-busybox:latest")
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
 # Every NVIDIA character device the container has, as `path major minor` (hex).
@@ -46,6 +48,35 @@ def device_nodes(listing: str) -> dict[str, tuple[int, int]]:
         if len(parts) == 3:
             found[parts[0]] = (int(parts[1], 16), int(parts[2], 16))
     return found
+
+
+CONTROL_NODES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-modeset",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+)
+NVIDIA_MAJOR, CAPS_MAJOR = 195, 234
+
+
+def expected_nodes(driver_root: Path, node: Node, device_id: str) -> dict[str, tuple[int, int]]:
+    """What a container given `device_id` alone must see, from the node file and the driver's
+    mig-minors formula (3 + 135·gpu + 9·gi, then + 1 + ci), never from the plugin's output."""
+    uuid = device_id.split("::")[0]
+    nodes = {path: host_node(driver_root / path.lstrip("/")) for path in CONTROL_NODES}
+    for gpu in node.gpus:
+        if gpu.uuid == uuid:
+            nodes[f"/dev/nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
+            return nodes
+        for mig in gpu.mig_devices:
+            if mig.uuid == uuid:
+                gi = 3 + 135 * gpu.minor + 9 * mig.gpu_instance_id
+                ci = gi + 1 + mig.compute_instance_id
+                nodes[f"/dev/nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
+                nodes[f"/dev/nvidia-caps/nvidia-cap{gi}"] = (CAPS_MAJOR, gi)
+                nodes[f"/dev/nvidia-caps/nvidia-cap{ci}"] = (CAPS_MAJOR, ci)
+                return nodes
+    raise AssertionError(f"{device_id} is not a device of the simulated node")
 
 
 def host_node(path: str | Path) -> tuple[int, int]:

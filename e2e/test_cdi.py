@@ -29,19 +29,19 @@ from deviceplugin.demo import SEED_CONFIG, write_configmap
 from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
-from e2e.runtime import CDI_KIND, cdi_args, device_nodes, host_node, needs_podman, workload
+from e2e.runtime import (
+    CDI_KIND,
+    cdi_args,
+    device_nodes,
+    expected_nodes,
+    needs_podman,
+    workload,
+)
 
 pytestmark = needs_podman
 
 NODE = "a100-80gb-x8-mixed"
 RESOURCES = {"nvidia.com/gpu": 8, "nvidia.com/mig-1g.10gb": 28}
-CONTROL_NODES = (
-    "/dev/nvidiactl",
-    "/dev/nvidia-modeset",
-    "/dev/nvidia-uvm",
-    "/dev/nvidia-uvm-tools",
-)
-NVIDIA_MAJOR, CAPS_MAJOR = 195, 234
 SPEC_FILE = "k8s.device-plugin.nvidia.com-gpu.json"
 PARALLEL = 8
 
@@ -68,26 +68,6 @@ def host() -> Iterator[Host]:
         yield Host(root, driver_root, configmap, read_node(resolve_node_path(NODE)))
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
-
-
-def expected_nodes(host: Host, device_id: str) -> dict[str, tuple[int, int]]:
-    """What a container given `device_id` alone must see, from the node file and the driver's
-    mig-minors formula (3 + 135·gpu + 9·gi, then + 1 + ci), never from the plugin's output."""
-    uuid = device_id.split("::")[0]
-    nodes = {path: host_node(host.driver_root / path.lstrip("/")) for path in CONTROL_NODES}
-    for gpu in host.node.gpus:
-        if gpu.uuid == uuid:
-            nodes[f"/dev/nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
-            return nodes
-        for mig in gpu.mig_devices:
-            if mig.uuid == uuid:
-                gi = 3 + 135 * gpu.minor + 9 * mig.gpu_instance_id
-                ci = gi + 1 + mig.compute_instance_id
-                nodes[f"/dev/nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
-                nodes[f"/dev/nvidia-caps/nvidia-cap{gi}"] = (CAPS_MAJOR, gi)
-                nodes[f"/dev/nvidia-caps/nvidia-cap{ci}"] = (CAPS_MAJOR, ci)
-                return nodes
-    raise AssertionError(f"{device_id} is not a device of {NODE}")
 
 
 @dataclass
@@ -161,7 +141,10 @@ def check_all(
         if result.returncode != 0:
             problems.append(f"{device_id} {args}: exit {result.returncode}: {result.stderr}")
             continue
-        seen, wanted = device_nodes(result.stdout), expected_nodes(host, device_id)
+        seen, wanted = (
+            device_nodes(result.stdout),
+            expected_nodes(host.driver_root, host.node, device_id),
+        )
         if seen != wanted:
             problems.append(f"{device_id} {args}: saw {sorted(seen)}, wanted {sorted(wanted)}")
     assert not problems, "\n".join(problems)

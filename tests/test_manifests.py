@@ -29,6 +29,7 @@ RUNTIME_ENV_VARS = frozenset(
 )
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 CDI_DIR = "/var/run/cdi"
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 
 Doc = dict[str, Any]
 
@@ -196,7 +197,17 @@ def test_base_host_paths_are_only_the_kubelet_and_cdi_directories() -> None:
     assert found == {
         KUBELET_DIR: {"path": KUBELET_DIR, "type": "Directory"},
         CDI_DIR: {"path": CDI_DIR, "type": "DirectoryOrCreate"},
+        POD_RESOURCES_DIR: {"path": POD_RESOURCES_DIR, "type": "Directory"},
     }
+
+
+@pytest.mark.parametrize("ds", ALL_DS_PARAMS)
+def test_the_pod_resources_api_is_mounted_read_only(ds: Doc) -> None:
+    # /status and `inspect --pods` name the pod that holds each device: the plugin lists the
+    # kubelet's pod-resources socket, and needs nothing else from that directory.
+    source, mount = host_mounts(ds)[POD_RESOURCES_DIR]
+    assert source["path"] == POD_RESOURCES_DIR
+    assert mount.get("readOnly") is True
 
 
 @pytest.mark.parametrize("ds", ALL_DS_PARAMS)

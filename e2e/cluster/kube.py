@@ -1,0 +1,128 @@
+"""The real cluster as the scenarios see it: kubectl with the cluster's kubeconfig, the API's
+objects as JSON, and waits on conditions (never on fixed times)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+RUN = HERE / "run"
+KUBECONFIG = RUN / "kubeconfig"
+KUBECTL = RUN / "bin" / "kubectl"
+CLUSTER = HERE / "cluster"
+NODE_NAME = "deviceplugin-e2e"
+SIMULATED_NODE = Path("/var/lib/deviceplugin-sim")
+EVENTS = SIMULATED_NODE / "events.jsonl"
+WORKLOAD_IMAGE = os.environ.get("E2E_WORKLOAD_IMAGE", "localhost/deviceplugin-e2e-busybox:latest")
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+
+class KubectlError(Exception):
+    pass
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True, timeout: float = 120) -> str:
+    done = subprocess.run(
+        [str(KUBECTL), f"--kubeconfig={KUBECONFIG}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and done.returncode != 0:
+        raise KubectlError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout if done.returncode == 0 else done.stdout + done.stderr
+
+
+def get(*args: str) -> Obj:
+    result: Obj = json.loads(kubectl("get", "-o", "json", *args))
+    return result
+
+
+def apply(manifest: Obj | str) -> None:
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+    kubectl("apply", "-f", "-", stdin=text)
+
+
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 120) -> T:
+    """Poll `probe` until it returns something truthy; fail naming `what` and the last answer."""
+    deadline = time.monotonic() + timeout
+    last: T | Exception | None = None
+    while True:
+        try:
+            last = probe()
+        except (KubectlError, KeyError, IndexError, ValueError) as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout:.0f} s (last: {last!r})")
+        time.sleep(1)
+
+
+def allocatable() -> dict[str, str]:
+    node = get("node", NODE_NAME)
+    return dict(node["status"]["allocatable"])
+
+
+def extended(resource: str) -> int:
+    return int(allocatable().get(resource, "0"))
+
+
+def pod(name: str, namespace: str = "default") -> Obj:
+    return get("pod", name, "-n", namespace)
+
+
+def pod_running(name: str, namespace: str = "default") -> bool:
+    status = pod(name, namespace)["status"]
+    return status.get("phase") == "Running" and all(
+        c.get("ready") for c in status.get("containerStatuses", [])
+    )
+
+
+def workload_pod(name: str, limits: dict[str, str]) -> Obj:
+    """A busybox pod that sleeps, asking `limits`, from the locally imported image."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"e2e": "workload"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "work",
+                    "image": WORKLOAD_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+    }
+
+
+def delete_workloads() -> None:
+    kubectl("delete", "pod", "-n", "default", "-l", "e2e=workload", "--wait=true", "--timeout=120s")
+
+
+def exec_in(name: str, *command: str, namespace: str = "default") -> str:
+    return kubectl("exec", "-n", namespace, name, "--", *command)
+
+
+def cluster(*args: str) -> None:
+    subprocess.run([str(CLUSTER), *args], check=True, timeout=600)
+
+
+def append_event(event: Obj) -> None:
+    with open(EVENTS, "a") as stream:
+        stream.write(json.dumps(event) + "\n")
