@@ -50,7 +50,13 @@ def test_the_driver_registers_through_the_plugin_watcher() -> None:
             assert plugin.connected
             assert plugin.socket == node.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock"
             (attempt,) = node.watcher.attempts
-            assert attempt.ok and attempt.versions == ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+            assert attempt.ok and attempt.versions == (
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth",
+            )
+            assert plugin.health_service == "v1.DRAResourceHealth"
             await node.until(lambda: node.driver.registration.registered)
             assert set(published(node.server)) >= {WHOLE_NAME, MIG_NAME}
 
@@ -83,7 +89,7 @@ def test_a_kubelet_that_knows_none_of_the_services_refuses_and_says_why() -> Non
             refused = alpha.attempts[0]
             assert not refused.ok and DRIVER not in alpha.plugins
             assert "none of services supported by the plugin" in refused.error
-            assert list(SUPPORTED_SERVICES) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            assert list(SUPPORTED_SERVICES)[:2] == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 
     run(body)
 

@@ -5,7 +5,8 @@ Kubelets 1.32 and 1.33 speak only `v1beta1.DRAPlugin`, 1.34 and later prefer `v1
 the two differ in the proto package and in v1's optional `share_id`, so one implementation,
 given each version's messages, serves both. Per-claim failures travel in the claim's `error`
 (the kubelet retries that claim); a gRPC error would make the kubelet drop the whole answer,
-so only a bug in this driver produces one (INTERNAL, logged).
+so only a bug in this driver produces one (INTERNAL, logged). The resource-health service
+(`devicehealth.py`) is served on the same socket.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from deviceplugin.dra.devicehealth import HealthReporter
 from deviceplugin.dra.prepare import ClaimRef, Preparer
 from deviceplugin.dra.v1 import api_pb2 as v1
 from deviceplugin.dra.v1 import api_pb2_grpc as v1_grpc
@@ -81,11 +83,15 @@ def _refs(request: Any) -> list[ClaimRef]:
 
 
 class DraServer:
-    """Both versions of the DRA service for one driver, on one unix socket."""
+    """Both versions of the DRA service for one driver, and of the health service when given a
+    reporter, on one unix socket."""
 
-    def __init__(self, preparer: Preparer, socket: Path) -> None:
+    def __init__(
+        self, preparer: Preparer, socket: Path, health: HealthReporter | None = None
+    ) -> None:
         self.socket = socket
         self._preparer = preparer
+        self._health = health
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
@@ -95,10 +101,14 @@ class DraServer:
         def add(server: grpc.aio.Server) -> None:
             v1_grpc.add_DRAPluginServicer_to_server(_Service(v1, self._preparer), server)
             v1beta1_grpc.add_DRAPluginServicer_to_server(_Service(v1beta1, self._preparer), server)
+            if self._health is not None:
+                self._health.add_to(server)
 
         self._server = await listen_unix(self.socket, add)
 
     async def stop(self, grace: float = 0.5) -> None:
-        """Stop serving and remove the socket."""
+        """End the health streams, stop serving and remove the socket."""
+        if self._health is not None:
+            await self._health.close()
         server, self._server = self._server, None
         await close_unix(server, self.socket, grace)

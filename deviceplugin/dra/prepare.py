@@ -175,6 +175,11 @@ class Preparer:
         self._devices = devices
 
     @property
+    def devices(self) -> NodeDevices:
+        """What allocation results are mapped to now."""
+        return self._devices
+
+    @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
         return dict(self._claims)
 

@@ -3,8 +3,10 @@
 
 The kubelet's plugin watcher finds the socket, calls GetInfo (type `DRAPlugin`, the driver name,
 the absolute path of the DRA socket, and the DRA services served there), dials that endpoint and
-reports the outcome with NotifyRegistrationStatus. It takes the first service of
-`supported_versions` it knows, so the newest goes first. Removing the socket deregisters the
+reports the outcome with NotifyRegistrationStatus. It takes the first DRA service of
+`supported_versions` it knows, so the newest goes first, and, where its ResourceHealthStatus gate
+is on, the first health service it knows (1.37+ know v1 and v1alpha1, 1.31 to 1.36 v1alpha1
+only); a kubelet ignores the entries it does not know. Removing the socket deregisters the
 driver, so the socket is created only once the DRA socket serves, and removed on stop.
 """
 
@@ -24,8 +26,11 @@ from deviceplugin.node.unixgrpc import close_unix, listen_unix
 logger = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
-# "<gRPC package's last part>.<service>", as k8s.io/kubelet/pkg/apis/dra/*/types.go name them.
-SUPPORTED_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+# "<gRPC package's last part>.<service>", as k8s.io/kubelet/pkg/apis/dra/*/types.go and
+# dra-health/*/types.go name them, newest first.
+DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+SUPPORTED_SERVICES = DRA_SERVICES + HEALTH_SERVICES
 REGISTRY_DIR = "plugins_registry"
 PLUGINS_DIR = "plugins"
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
 from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint
+from deviceplugin.dra.devicehealth import HealthReporter, device_states
 from deviceplugin.dra.kubeapi import connect
 from deviceplugin.dra.plugin import SOCKET_NAME, DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
@@ -77,6 +78,7 @@ class DraDriver:
             on_status=self._registration_status,
         )
         self.checkpoint = Checkpoint(directory / FILE_NAME)
+        self.health = HealthReporter(self.node)
         self.dra: DraServer | None = None
         self.publisher: SlicePublisher | None = None
         self.preparer: Preparer | None = None
@@ -123,7 +125,8 @@ class DraDriver:
             api, self.checkpoint, settings.cdi_spec_dir, settings.driver_name, self.node, devices
         )
         self.preparer.load()
-        self.dra = DraServer(self.preparer, self.dra_socket)
+        await self._report_health()
+        self.dra = DraServer(self.preparer, self.dra_socket, self.health)
         await self.dra.start()
         await self.registration.start()
         self._start_monitor(policy, recovery_after)
@@ -164,6 +167,7 @@ class DraDriver:
             xid=change.xid,
             reason=change.reason,
         )
+        await self._report_health()
         if self.publisher is not None and self._inventory is not None:
             await self.publisher.publish(self._inventory, self._desired())
 
@@ -201,6 +205,7 @@ class DraDriver:
         if self._monitor is not None:
             self._monitor.update_inventory(inventory)
         self.preparer.use(await self._node_devices())
+        await self._report_health()
         log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
         if self.publisher is not None:
             await self.publisher.publish(inventory, self._desired())
@@ -222,6 +227,12 @@ class DraDriver:
         return NodeDevices.build(
             self._inventory, self._plan, scan, options, self.settings.driver_name
         )
+
+    async def _report_health(self) -> None:
+        """The kubelet's health streams (`devicehealth.py`) get the devices' health now."""
+        if self.preparer is not None:
+            states = device_states(self.preparer.devices.by_name, self._unhealthy)
+            await self.health.update(states)
 
     def _read_config(self) -> ParsedConfig:
         """The merged config; under `--simulate`, pointed at the simulated node's host files."""

@@ -13,6 +13,14 @@ A failed registration is retried every second, as the plugin manager's reconcile
 socket that disappears deregisters the plugin; one re-created (a restarted driver) registers
 again. `prepare` / `unprepare` call the chosen service, or a given version, as the kubelet
 does when a pod using claims starts or ends.
+
+Health, as the kubelet's DRA manager follows it with its ResourceHealthStatus gate on
+(`health_gate`): the first health service of the plugin's `supported_versions` this kubelet knows
+is chosen, and a NodeWatchResources stream is kept open (reopened every `health_retry` seconds
+after it ends; an Unimplemented answer stops it). Each report replaces the health of the
+devices it names; a device not heard of within its timeout reads Unknown, and the plugin's
+devices are forgotten when the stream ends. `resource_health` is what the kubelet puts in a
+container's `allocatedResourcesStatus` for a claim it prepared.
 """
 
 from __future__ import annotations
@@ -29,6 +37,10 @@ from typing import Any
 
 import grpc
 
+from deviceplugin.dra.health.v1 import api_pb2 as health_v1
+from deviceplugin.dra.health.v1 import api_pb2_grpc as health_v1_grpc
+from deviceplugin.dra.health.v1alpha1 import api_pb2 as health_v1alpha1
+from deviceplugin.dra.health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from deviceplugin.dra.pluginregistration.v1 import api_pb2 as registration
 from deviceplugin.dra.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 from deviceplugin.dra.v1 import api_pb2 as v1
@@ -44,11 +56,29 @@ _STUBS: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1.DRAPlugin": (v1, v1_grpc),
     "v1beta1.DRAPlugin": (v1beta1, v1beta1_grpc),
 }
+# The kubelet's healthServicesSupportedByKubelet (1.37+); 1.31 to 1.36 know v1alpha1 only.
+KUBELET_HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+_HEALTH_STUBS: dict[str, tuple[ModuleType, ModuleType]] = {
+    "v1.DRAResourceHealth": (health_v1, health_v1_grpc),
+    "v1alpha1.DRAResourceHealth": (health_v1alpha1, health_v1alpha1_grpc),
+}
+DEFAULT_HEALTH_TIMEOUT = 30.0  # the kubelet's, for a device reported without one
+HEALTH_RETRY_SECONDS = 5.0  # the kubelet reopens an ended health stream this often
 GET_INFO_TIMEOUT = 1.0
 NOTIFY_TIMEOUT = 5.0
 CALL_TIMEOUT = 45.0  # the kubelet's default DRA call timeout
 RETRY_SECONDS = 1.0  # the plugin manager's reconciler retries a failed registration
 ClaimTriple = tuple[str, str, str]  # namespace, name, uid
+
+
+@dataclass(frozen=True)
+class SeenHealth:
+    """A device's health as the kubelet last heard it."""
+
+    health: str  # HEALTHY, UNHEALTHY or UNKNOWN
+    message: str
+    timeout: float  # seconds after `at` that it turns Unknown
+    at: float  # loop time of the report
 
 
 @dataclass
@@ -61,6 +91,10 @@ class Plugin:
     socket: Path  # its registration socket
     channel: grpc.aio.Channel
     connected: bool = False
+    health_service: str = ""  # the health service chosen, "" when it offers none we know
+    health: dict[tuple[str, str], SeenHealth] = field(default_factory=dict)  # (pool, device)
+    health_reports: int = 0
+    health_task: asyncio.Task[None] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,8 +123,12 @@ class PluginWatcher:
     poll: float = 0.05
     services: tuple[str, ...] = KUBELET_SERVICES
     connect_timeout: float = 1.0  # how long `connected` waits for the endpoint
+    health_services: tuple[str, ...] = KUBELET_HEALTH_SERVICES
+    health_gate: bool = True  # the kubelet's ResourceHealthStatus feature gate
+    health_retry: float = HEALTH_RETRY_SECONDS
     plugins: dict[str, Plugin] = field(default_factory=dict)
     attempts: list[Attempt] = field(default_factory=list)
+    prepared: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (driver, uid)
     _seen: dict[Path, _Seen] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -110,7 +148,7 @@ class PluginWatcher:
                 await self._task
             self._task = None
         for plugin in list(self.plugins.values()):
-            await plugin.channel.close(None)
+            await _close(plugin)
         self.plugins.clear()
 
     async def wait_registered(self, driver: str, timeout: float = 5.0) -> Plugin:
@@ -127,14 +165,47 @@ class PluginWatcher:
         """NodePrepareResources for `claims`: the chosen service's response message."""
         messages, stub = self._stub(driver, version)
         request = messages.NodePrepareResourcesRequest(claims=_claims(messages, claims))
-        return await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
+        response = await stub.NodePrepareResources(request, timeout=CALL_TIMEOUT)
+        for uid, entry in response.claims.items():
+            if not entry.error:
+                self.prepared[(driver, uid)] = list(entry.devices)
+        return response
 
     async def unprepare(
         self, driver: str, claims: Sequence[ClaimTriple], version: str | None = None
     ) -> Any:
         messages, stub = self._stub(driver, version)
         request = messages.NodeUnprepareResourcesRequest(claims=_claims(messages, claims))
-        return await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
+        response = await stub.NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
+        for uid, entry in response.claims.items():
+            if not entry.error:
+                self.prepared.pop((driver, uid), None)
+        return response
+
+    def resource_health(self, driver: str, uid: str) -> list[dict[str, str]]:
+        """A prepared claim's devices as the kubelet lists them in `allocatedResourcesStatus`:
+        `resourceID` (the first CDI ID), `health` (Healthy, Unhealthy or Unknown) and the
+        `message` of an unhealthy device; empty with the gate off, as the kubelet then adds
+        nothing to the pod status."""
+        if not self.health_gate:
+            return []
+        plugin = self.plugins.get(driver)
+        now = asyncio.get_running_loop().time()
+        entries = []
+        for device in self.prepared.get((driver, uid), []):
+            seen = plugin.health.get((device.pool_name, device.device_name)) if plugin else None
+            if seen is None or now - seen.at > seen.timeout:
+                seen = SeenHealth("UNKNOWN", "", 0.0, now)
+            resource_id = (
+                device.cdi_device_ids[0]
+                if device.cdi_device_ids
+                else f"{driver}/{device.pool_name}/{device.device_name}"
+            )
+            entry = {"resourceID": resource_id, "health": seen.health.capitalize()}
+            if seen.message:
+                entry["message"] = seen.message
+            entries.append(entry)
+        return entries
 
     # --- watching -------------------------------------------------------------------------------
 
@@ -186,6 +257,12 @@ class PluginWatcher:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(plugin.channel.channel_ready(), self.connect_timeout)
                     plugin.connected = True
+                known = [s for s in self.health_services if s in versions]
+                plugin.health_service = known[0] if known else ""
+                if self.health_gate and plugin.health_service:
+                    plugin.health_task = asyncio.get_running_loop().create_task(
+                        self._watch_health(plugin)
+                    )
                 self.plugins[info.name] = plugin
             self.attempts.append(Attempt(str(socket), info.name, not error, error, versions))
             status = registration.RegistrationStatus(plugin_registered=not error, error=error)
@@ -217,7 +294,43 @@ class PluginWatcher:
         plugin = self.plugins.get(name)
         if plugin is not None and plugin.socket == socket:
             del self.plugins[name]
-            await plugin.channel.close(None)
+            await _close(plugin)
+
+    async def _watch_health(self, plugin: Plugin) -> None:
+        """Follow the plugin's health stream until it answers Unimplemented or is closed."""
+        messages, grpc_module = _HEALTH_STUBS[plugin.health_service]
+        stub = grpc_module.DRAResourceHealthStub(plugin.channel)
+        while True:
+            try:
+                async for report in stub.NodeWatchResources(messages.NodeWatchResourcesRequest()):
+                    self._seen_health(plugin, messages, report)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return
+            plugin.health.clear()  # the kubelet forgets a driver's health when its stream ends
+            self._changed.set()
+            await asyncio.sleep(self.health_retry)
+
+    def _seen_health(self, plugin: Plugin, messages: ModuleType, report: Any) -> None:
+        """The kubelet's cache update: reported devices replace their entry; others turn Unknown
+        once their timeout has passed."""
+        now = asyncio.get_running_loop().time()
+        reported = set()
+        for device in report.devices:
+            key = (device.device.pool_name, device.device.device_name)
+            reported.add(key)
+            timeout = float(device.health_check_timeout_seconds)
+            plugin.health[key] = SeenHealth(
+                messages.HealthStatus.Name(device.health),
+                device.message,
+                timeout if timeout > 0 else DEFAULT_HEALTH_TIMEOUT,
+                now,
+            )
+        for key, seen in list(plugin.health.items()):
+            if key not in reported and now - seen.at > seen.timeout:
+                del plugin.health[key]
+        plugin.health_reports += 1
+        self._changed.set()
 
     def _stub(self, driver: str, version: str | None) -> tuple[ModuleType, Any]:
         plugin = self.plugins.get(driver)
@@ -225,6 +338,14 @@ class PluginWatcher:
             raise LookupError(f"DRA driver {driver} is not registered")
         messages, grpc_module = _STUBS[version or plugin.service]
         return messages, grpc_module.DRAPluginStub(plugin.channel)
+
+
+async def _close(plugin: Plugin) -> None:
+    if plugin.health_task is not None:
+        plugin.health_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await plugin.health_task
+    await plugin.channel.close(None)
 
 
 def _claims(messages: ModuleType, claims: Sequence[ClaimTriple]) -> list[Any]:
