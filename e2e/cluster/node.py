@@ -56,6 +56,7 @@ ETCD_CLIENT = "127.0.0.1:23790"
 ETCD_PEER = "127.0.0.1:23800"
 PAUSE_IMAGE = "localhost/deviceplugin-e2e-pause:latest"
 NAT_CHAIN = "DPE2E-SERVICES"
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 STOP_ORDER = (
     "kubelet",
     "containerd",
@@ -402,6 +403,12 @@ def prepare_host() -> None:
     """Shared mount propagation (no systemd does it here), the pod bridge with the node's
     address, and the one NAT rule that makes the `kubernetes` Service reach the API server."""
     run(["mount", "--make-rshared", "/"])
+    # The bridge plugin turns IPv4 forwarding on (the node's address is the pods' gateway);
+    # `down` puts back what the host had.
+    saved = STATE / "ip_forward"
+    if not saved.exists():
+        STATE.mkdir(parents=True, exist_ok=True)
+        saved.write_text(IP_FORWARD.read_text())
     if run(["ip", "link", "show", BRIDGE], check=False, quiet=True) == "":
         run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         run(["ip", "addr", "add", f"{NODE_IP}/24", "dev", BRIDGE])
@@ -745,6 +752,10 @@ def down() -> None:
     run(["iptables", "-t", "nat", "-F", NAT_CHAIN], check=False, quiet=True)
     run(["iptables", "-t", "nat", "-X", NAT_CHAIN], check=False, quiet=True)
     run(["ip", "link", "delete", BRIDGE], check=False, quiet=True)
+    saved = STATE / "ip_forward"
+    if saved.exists():
+        IP_FORWARD.write_text(saved.read_text())
+        saved.unlink()
     # The next `up` starts from an empty cluster; built binaries and imported images stay.
     for path in (STATE / "etcd", STATE / "cni", KUBELET_ROOT, RUNTIME_STATE, PKI, SIMULATED_NODE):
         shutil.rmtree(path, ignore_errors=True)
