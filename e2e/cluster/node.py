@@ -17,6 +17,7 @@ from the bridge to the API server on 127.0.0.1:6443. There is no kube-proxy and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ STATE = Path("/var/lib/deviceplugin-e2e-cluster")
 RUNTIME_STATE = Path("/run/deviceplugin-e2e-cluster")
 KUBELET_ROOT = Path("/var/lib/kubelet")
 CONTAINERD_SOCKET = RUNTIME_STATE / "containerd.sock"
+CACHE = Path(os.environ.get("E2E_CLUSTER_CACHE", "/var/cache/deviceplugin-e2e/cluster"))
 IMAGE_ARCHIVES = Path(os.environ.get("E2E_CLUSTER_IMAGES", "/var/cache/deviceplugin-e2e/images"))
 
 SIMULATED_NODE = Path("/var/lib/deviceplugin-sim")
@@ -664,6 +666,8 @@ def prepare_simulated_node() -> None:
 
 def up() -> None:
     bin_dir = binaries()
+    if not any(pid_of(name) for name in STOP_ORDER):
+        clean_host()  # a fresh start: nothing of an earlier cluster may linger
     ensure_images()
     RUN.mkdir(exist_ok=True)
     prepare_host()
@@ -688,6 +692,13 @@ def up() -> None:
     start(every["kubelet"])
     publish_tools(bin_dir)
     wait_for("node Ready", node_ready, 180, "kubelet")
+    # Pods are refused until the controller manager has made the namespace's service account.
+    wait_for(
+        "service account default/default",
+        lambda: bool(api_get("/api/v1/namespaces/default/serviceaccounts/default")),
+        60,
+        "kube-controller-manager",
+    )
     log(f"up: node {NODE_NAME} Ready; KUBECONFIG={RUN / 'kubeconfig'} {RUN / 'bin' / 'kubectl'}")
 
 
@@ -738,7 +749,14 @@ def down() -> None:
             run([crictl, *env_args, "rmp", "-f", pod], check=False)
     for name in STOP_ORDER:
         stop(name)
-    kill_leftover_shims()
+    clean_host()
+    log("down: every component stopped, host cleaned")
+
+
+def clean_host() -> None:
+    """Ends whatever a cluster left (also one whose processes were killed rather than stopped,
+    which `up` finds when none of its own PIDs is alive) and removes its traces on the host."""
+    kill_leftovers()
     unmount_under((KUBELET_ROOT, STATE, RUNTIME_STATE))
     for netns in run(["ip", "netns", "list"], check=False).split("\n"):
         name = netns.split(" ")[0]
@@ -759,23 +777,33 @@ def down() -> None:
     # The next `up` starts from an empty cluster; built binaries and imported images stay.
     for path in (STATE / "etcd", STATE / "cni", KUBELET_ROOT, RUNTIME_STATE, PKI, SIMULATED_NODE):
         shutil.rmtree(path, ignore_errors=True)
-    log("down: every component stopped, host cleaned")
 
 
-def kill_leftover_shims() -> None:
+def kill_leftovers() -> None:
+    """Every process run from the cluster's binaries (components, shims) and every process in
+    the pods' cgroups, then those cgroups themselves."""
+    cache = str(CACHE) + "/"
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            cmdline
-            and cmdline[0].endswith(b"containerd-shim-runc-v2")
-            and any(str(CONTAINERD_SOCKET).encode() in arg or b"k8s.io" in arg for arg in cmdline)
+        with contextlib.suppress(OSError):
+            if os.readlink(proc / "exe").startswith(cache):
+                os.kill(int(proc.name), signal.SIGKILL)
+    pod_cgroups = sorted(Path("/sys/fs/cgroup").glob("*/kubepods"))
+    for root in pod_cgroups:
+        for procs in root.rglob("cgroup.procs"):
+            for pid in procs.read_text().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+    time.sleep(0.5)
+    for root in pod_cgroups:
+        for cgroup in sorted(
+            (p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
         ):
-            os.kill(int(proc.name), signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+        with contextlib.suppress(OSError):
+            root.rmdir()
 
 
 def unmount_under(roots: Sequence[Path]) -> None:
