@@ -10,8 +10,13 @@ over real sockets, the CLI as a process.
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 from deviceplugin.dra.prepare import spec_file_name
+from deviceplugin.sim.kubelet import KubeletEmulator
 from tests.draplugin import DRIVER, claim, run, running_driver
+from tests.harness import MIG, running_plugin
 
 TRAVERSAL_UID = "x/../../adv/canary"  # from the CDI dir's k8s.<driver>-claim_x/ up to its parent
 
@@ -54,5 +59,73 @@ def test_a_namespace_or_name_kubernetes_would_not_allow_is_refused_by_field() ->
             assert errors[uid].startswith("claims[0].namespace: 'Bad_NS' is not a DNS label")
             assert errors[refs[1][2]].startswith("claims[1].name: '../x' is not a DNS subdomain")
             assert not list(node.cdi_dir.glob("*.json"))
+
+    run(body)
+
+
+def is_socket(path: Path) -> bool:
+    return path.exists() and stat.S_ISSOCK(path.lstat().st_mode)
+
+
+def registered(kubelet: KubeletEmulator, resource: str) -> int:
+    return sum(1 for r in kubelet.registrations if r.resource == resource and r.ok)
+
+
+def replace_with_a_file(socket: Path) -> None:
+    """What the kubelet (or anyone) may leave at our path: a regular file, in one quick step."""
+    socket.unlink()
+    socket.write_text("not a socket")
+
+
+def test_a_plugin_socket_replaced_by_a_file_is_served_and_registered_after_a_kubelet_restart() -> (
+    None
+):
+    async def body() -> None:
+        async with running_plugin() as plugin:
+            socket = plugin.kubelet_dir / "nvidia-mig-1g.10gb.sock"
+            before = registered(plugin.kubelet, MIG)
+            replace_with_a_file(socket)
+            await plugin.kubelet.restart()
+            await plugin.until(
+                lambda: (
+                    is_socket(socket)
+                    and registered(plugin.kubelet, MIG) > before
+                    and plugin.kubelet.allocatable(MIG) == 28
+                    and plugin.supervisor.status().ready
+                ),
+                timeout=10,
+            )
+
+    run(body)
+
+
+def test_dra_sockets_replaced_by_files_are_served_again_and_the_driver_registers_anew() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            registration = node.driver.registration.socket
+            replace_with_a_file(registration)
+            await node.watcher.wait_deregistered(DRIVER)
+            await node.driver.heal_sockets()
+            assert is_socket(registration)
+            await node.watcher.wait_registered(DRIVER)
+
+            replace_with_a_file(node.driver.dra_socket)
+            await node.driver.heal_sockets()
+            assert is_socket(node.driver.dra_socket)
+            ref = node.add_claim(claim("after", [("gpu", "gpu-4")]))
+            assert (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]].error == ""
+
+    run(body)
+
+
+def test_stop_leaves_a_file_that_took_the_place_of_its_socket() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            replace_with_a_file(node.driver.dra_socket)
+            await node.driver.stop()
+            assert node.driver.dra_socket.read_text() == "not a socket"
+            assert not node.driver.registration.socket.exists()  # still ours: removed
+            await node.restart()  # serves again over the file
+            assert is_socket(node.driver.dra_socket)
 
     run(body)

@@ -20,16 +20,18 @@ import grpc
 
 from deviceplugin.dra.devicehealth import HealthReporter
 from deviceplugin.dra.prepare import ClaimRef, Preparer
+from deviceplugin.dra.registration import DRA_SOCKET_NAME
 from deviceplugin.dra.v1 import api_pb2 as v1
 from deviceplugin.dra.v1 import api_pb2_grpc as v1_grpc
 from deviceplugin.dra.v1beta1 import api_pb2 as v1beta1
 from deviceplugin.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_exception
-from deviceplugin.node.unixgrpc import close_unix, listen_unix
+from deviceplugin.node.unixgrpc import SocketPathError, UnixServer
 
 logger = logging.getLogger(__name__)
 
-SOCKET_NAME = "dra.sock"
+SOCKET_NAME = DRA_SOCKET_NAME
 
 
 class _Service:
@@ -90,12 +92,18 @@ class DraServer:
         self, preparer: Preparer, socket: Path, health: HealthReporter | None = None
     ) -> None:
         self.socket = socket
+        self._unix = UnixServer(socket)
         self._preparer = preparer
         self._health = health
-        self._server: grpc.aio.Server | None = None
+
+    @property
+    def owns_socket(self) -> bool:
+        """The socket path is still the socket this server bound (not deleted, not replaced)."""
+        return self._unix.owns_socket
 
     async def start(self) -> None:
-        """Listen (a stale socket is replaced); returns once calls are accepted."""
+        """Listen (whatever is at the path is replaced); returns once calls are accepted. A path
+        too long for a unix socket is a ConfigError of --kubelet-root."""
         self.socket.parent.mkdir(parents=True, exist_ok=True)
 
         def add(server: grpc.aio.Server) -> None:
@@ -104,11 +112,13 @@ class DraServer:
             if self._health is not None:
                 self._health.add_to(server)
 
-        self._server = await listen_unix(self.socket, add)
+        try:
+            await self._unix.start(add)
+        except SocketPathError as err:
+            raise ConfigError("--kubelet-root", str(err)) from None
 
     async def stop(self, grace: float = 0.5) -> None:
-        """End the health streams, stop serving and remove the socket."""
+        """End the health streams, stop serving and remove the socket (if it still is ours)."""
         if self._health is not None:
             await self._health.close()
-        server, self._server = self._server, None
-        await close_unix(server, self.socket, grace)
+        await self._unix.stop(grace)

@@ -7,7 +7,8 @@ reports the outcome with NotifyRegistrationStatus. It takes the first DRA servic
 `supported_versions` it knows, so the newest goes first, and, where its ResourceHealthStatus gate
 is on, the first health service it knows (1.37+ know v1 and v1alpha1, 1.31 to 1.36 v1alpha1
 only); a kubelet ignores the entries it does not know. Removing the socket deregisters the
-driver, so the socket is created only once the DRA socket serves, and removed on stop.
+driver, so the socket is created only once the DRA socket serves, and removed on stop (while it
+is still ours: `owns_socket` tells it from a file or socket put in its place).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 import grpc
 
 from deviceplugin.dra.pluginregistration.v1 import api_pb2, api_pb2_grpc
+from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
-from deviceplugin.node.unixgrpc import close_unix, listen_unix
+from deviceplugin.node.unixgrpc import SocketPathError, UnixServer
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +35,7 @@ HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
 SUPPORTED_SERVICES = DRA_SERVICES + HEALTH_SERVICES
 REGISTRY_DIR = "plugins_registry"
 PLUGINS_DIR = "plugins"
+DRA_SOCKET_NAME = "dra.sock"
 
 
 def registration_socket(kubelet_root: Path, driver: str) -> Path:
@@ -43,6 +46,11 @@ def registration_socket(kubelet_root: Path, driver: str) -> Path:
 def plugin_dir(kubelet_root: Path, driver: str) -> Path:
     """`<kubelet-root>/plugins/<driver>`: the DRA socket and the checkpoint live here."""
     return kubelet_root / PLUGINS_DIR / driver
+
+
+def dra_socket(kubelet_root: Path, driver: str) -> Path:
+    """`<kubelet-root>/plugins/<driver>/dra.sock`: the DRA and health services."""
+    return plugin_dir(kubelet_root, driver) / DRA_SOCKET_NAME
 
 
 class RegistrationServer(api_pb2_grpc.RegistrationServicer):
@@ -62,20 +70,28 @@ class RegistrationServer(api_pb2_grpc.RegistrationServicer):
         self.socket = socket
         self.registered = False
         self._on_status = on_status
-        self._server: grpc.aio.Server | None = None
+        self._unix = UnixServer(socket)
+
+    @property
+    def owns_socket(self) -> bool:
+        """The socket path is still the socket this server bound (not deleted, not replaced)."""
+        return self._unix.owns_socket
 
     async def start(self) -> None:
-        """Listen on the registration socket (a stale one is replaced)."""
+        """Listen on the registration socket (whatever is at the path is replaced). A path too
+        long for a unix socket is a ConfigError of --kubelet-root."""
         self.socket.parent.mkdir(parents=True, exist_ok=True)
-        self._server = await listen_unix(
-            self.socket,
-            lambda server: api_pb2_grpc.add_RegistrationServicer_to_server(self, server),
-        )
+        try:
+            await self._unix.start(
+                lambda server: api_pb2_grpc.add_RegistrationServicer_to_server(self, server)
+            )
+        except SocketPathError as err:
+            raise ConfigError("--kubelet-root", str(err)) from None
 
     async def stop(self, grace: float = 0.5) -> None:
-        """Stop serving and remove the socket, which deregisters the driver."""
-        server, self._server = self._server, None
-        await close_unix(server, self.socket, grace)
+        """Stop serving and remove the socket (if it still is ours), which deregisters the
+        driver."""
+        await self._unix.stop(grace)
         self.registered = False
 
     async def GetInfo(

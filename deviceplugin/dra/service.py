@@ -172,13 +172,14 @@ class DraDriver:
             await self.publisher.publish(self._inventory, self._desired())
 
     async def heal_sockets(self) -> None:
-        """Serve again on a socket deleted under the running driver (a kubelet restart that
-        cleaned its directories, an operator): without the registration socket the plugin
-        watcher never registers the driver again, without the DRA socket no claim prepares."""
+        """Serve again on a socket deleted or replaced under the running driver (a kubelet
+        restart that cleaned its directories, an operator): without the registration socket the
+        plugin watcher never registers the driver again, without the DRA socket no claim
+        prepares."""
         if self.dra is None:  # never started (no NVML with failOnInitError false)
             return
         for name, server in (("dra", self.dra), ("registration", self.registration)):
-            if server.socket.exists():
+            if server.owns_socket:
                 continue
             log_event(
                 logger,

@@ -2,8 +2,10 @@
 
 A new server is registered once, retried with backoff until the kubelet answers. A kubelet
 restart — `kubelet.sock` re-created (a new inode), or one of our sockets deleted, which a new
-kubelet does to every plugin socket — means serving again where the socket is gone and
-registering everything again. While `kubelet.sock` is absent the kubelet is down: the plugin is
+kubelet does to every plugin socket — means serving again where our socket is gone and
+registering everything again. "Gone" means the path is no longer the socket the server bound:
+deleted, or replaced by a regular file or another socket (a path that merely exists would be
+registered and never dialled). While `kubelet.sock` is absent the kubelet is down: the plugin is
 not ready, and the socket's return triggers the re-registration.
 """
 
@@ -91,18 +93,18 @@ class Registrar:
             first = self._identity is None
             self._identity = identity
             return KUBELET_UP if first else "kubelet.sock created"
-        gone = sorted(n for n, s in servers.items() if s.serving and not s.socket_path.exists())
-        return f"{gone[0]} socket removed" if gone else None
+        gone = sorted(n for n, s in servers.items() if s.serving and not s.owns_socket)
+        return f"{gone[0]} socket removed or replaced" if gone else None
 
     async def reregister(self, servers: Mapping[str, PluginServer], trigger: str) -> None:
-        """Serve again where our socket is gone, then register every server again."""
+        """Serve again where our socket is gone or replaced, then register every server again."""
         if trigger != KUBELET_UP:
             self._observer.kubelet_restarted()
         log_event(logger, "kubelet.restarted", trigger=trigger)
         self.forget_all()
         self._again.update(servers)  # unready from now on, not only once the first Register starts
         for server in servers.values():
-            if not server.socket_path.exists():
+            if not server.owns_socket:
                 await server.stop(0)
                 await server.start()
             self.register(server, again=True)

@@ -5,7 +5,8 @@ every open ListAndWatch stream, which then sends the full list once; the message
 per change, not per stream. Allocate and GetPreferredAllocation delegate to an `Allocator`
 (pure code in allocation.py / topology.py). This is the one place that turns domain errors into
 gRPC status codes: AllocationError -> INVALID_ARGUMENT with the message, anything unexpected ->
-INTERNAL and a log line; the server keeps serving either way.
+INTERNAL and a log line; the server keeps serving either way. `owns_socket` says whether the
+socket path is still the socket it bound (the registrar serves again when it is not).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Any, Protocol
 import grpc
 
 from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
-from deviceplugin.model.errors import AllocationError
+from deviceplugin.model.errors import AllocationError, ConfigError
 from deviceplugin.model.log import log_event, log_exception
 from deviceplugin.model.resources import ResourceSet
-from deviceplugin.node.unixgrpc import close_unix, listen_unix
+from deviceplugin.node.unixgrpc import SocketPathError, UnixServer
 
 logger = logging.getLogger(__name__)
 
@@ -84,10 +85,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     ) -> None:
         self._resource = resource
         self._message = list_response(resource)
-        self._socket = kubelet_dir / resource.socket_name
+        self._unix = UnixServer(kubelet_dir / resource.socket_name)
         self._allocator = allocator
         self._observer: Observer = observer or _NullObserver()
-        self._server: grpc.aio.Server | None = None
         self._generation = 0
         self._changed = asyncio.Condition()
         self._closing = False
@@ -102,28 +102,35 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
 
     @property
     def socket_path(self) -> Path:
-        return self._socket
+        return self._unix.socket
 
     @property
     def serving(self) -> bool:
-        return self._server is not None
+        return self._unix.serving
+
+    @property
+    def owns_socket(self) -> bool:
+        """The socket path is still the socket this server bound (not deleted, not replaced)."""
+        return self._unix.owns_socket
 
     async def start(self) -> None:
-        """Remove a stale socket, listen, and serve; returns once the socket accepts calls."""
+        """Replace whatever is at the socket path, listen, and serve; returns once the socket
+        accepts calls. A path too long for a unix socket is a ConfigError of --kubelet-dir."""
         self._closing = False
         self._allocator.prepare(self._resource)
-        self._server = await listen_unix(
-            self._socket,
-            lambda server: api_pb2_grpc.add_DevicePluginServicer_to_server(self, server),
-        )
+        try:
+            await self._unix.start(
+                lambda server: api_pb2_grpc.add_DevicePluginServicer_to_server(self, server)
+            )
+        except SocketPathError as err:
+            raise ConfigError("--kubelet-dir", str(err)) from None
 
     async def stop(self, grace: float = 0.5) -> None:
-        """End open streams, stop serving, and remove our socket."""
+        """End open streams, stop serving, and remove our socket (if it still is ours)."""
         self._closing = True
         async with self._changed:
             self._changed.notify_all()
-        server, self._server = self._server, None
-        await close_unix(server, self._socket, grace)
+        await self._unix.stop(grace)
 
     async def update(self, resource: ResourceSet) -> bool:
         """Serve a new device list; open ListAndWatch streams send it. False when unchanged."""
