@@ -13,6 +13,7 @@ from pathlib import Path
 
 from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
+from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
 from deviceplugin.ops.logs import LogFormat
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
@@ -194,7 +195,7 @@ def _add_serve_flags(
 def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     """Parse argv; each runtime flag falls back to its environment variable.
 
-    Exits 2 (argparse) on bad usage."""
+    Exits 2 (argparse) on bad usage, including paths that cannot work (`_path_problem`)."""
     parser = build_parser()
     args = parser.parse_args(list(argv))
     values = vars(args)
@@ -210,7 +211,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     command = args.command
     if command == "dra":
         command = f"dra {args.dra_command}"
-    return Settings(
+    settings = Settings(
         command=command,
         config_file=runtime["config_file"],
         kubelet_dir=Path(runtime["kubelet_dir"] or DEFAULT_KUBELET_DIR),
@@ -236,3 +237,33 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         kubeconfig=runtime["kubeconfig"],
         node_name=runtime["node_name"],
     )
+    problem = _path_problem(settings)
+    if problem is not None:
+        parser.error(problem)
+    return settings
+
+
+def _path_problem(settings: Settings) -> str | None:
+    """Why a flag that names a path cannot work, naming the flag; None when they all can. The
+    driver name becomes part of paths, so it must be what Kubernetes allows."""
+    if settings.command not in ("serve", "dra serve"):
+        return None
+    from deviceplugin.node.unixgrpc import socket_path_problem
+
+    cdi = settings.cdi_spec_dir
+    if cdi.exists() and not cdi.is_dir():
+        return f"--cdi-spec-dir / DP_CDI_SPEC_DIR: {cdi} is not a directory"
+    if settings.command == "serve":
+        problem = socket_path_problem(settings.kubelet_dir / "kubelet.sock")
+        return f"--kubelet-dir / DP_KUBELET_DIR: {problem}" if problem else None
+    problem = dns_subdomain_problem(settings.driver_name, DRIVER_NAME_MAX)
+    if problem is not None:
+        return f"--driver-name / DP_DRA_DRIVER_NAME: {problem}"
+    from deviceplugin.dra.registration import dra_socket, registration_socket
+
+    root, driver = settings.kubelet_root, settings.driver_name
+    for socket in (registration_socket(root, driver), dra_socket(root, driver)):
+        problem = socket_path_problem(socket)
+        if problem is not None:
+            return f"--kubelet-root / DP_KUBELET_ROOT: {problem}"
+    return None

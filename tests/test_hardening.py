@@ -10,12 +10,19 @@ over real sockets, the CLI as a process.
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.dra.prepare import spec_file_name
+from deviceplugin.node.unixgrpc import MAX_SOCKET_PATH
 from deviceplugin.sim.kubelet import KubeletEmulator
-from tests.draplugin import DRIVER, claim, run, running_driver
+from tests.draplugin import DRIVER, claim, run, running_driver, short_dir
 from tests.harness import MIG, running_plugin
 
 TRAVERSAL_UID = "x/../../adv/canary"  # from the CDI dir's k8s.<driver>-claim_x/ up to its parent
@@ -127,5 +134,97 @@ def test_stop_leaves_a_file_that_took_the_place_of_its_socket() -> None:
             assert not node.driver.registration.socket.exists()  # still ours: removed
             await node.restart()  # serves again over the file
             assert is_socket(node.driver.dra_socket)
+
+    run(body)
+
+
+def deviceplugin(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
+    return subprocess.run(
+        [sys.executable, "-m", "deviceplugin", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+def long_dir(length: int) -> Path:
+    """A directory path of exactly `length` bytes under a fresh temp dir."""
+    base = short_dir("dph")
+    return base / ("d" * (length - len(str(base)) - 1))
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "says"),
+    [
+        pytest.param(
+            ("serve", "--kubelet-dir", str(long_dir(MAX_SOCKET_PATH))),
+            "--kubelet-dir / DP_KUBELET_DIR",
+            "kubelet.sock is 120 bytes long; a unix socket path holds at most 107",
+            id="kubelet-dir",
+        ),
+        pytest.param(
+            ("dra", "serve", "--kubelet-root", str(long_dir(80))),
+            "--kubelet-root / DP_KUBELET_ROOT",
+            "gpu.nvidia.com-reg.sock is 121 bytes long",
+            id="kubelet-root",
+        ),
+        pytest.param(
+            ("dra", "serve", "--driver-name", "GPU_nvidia.com"),
+            "--driver-name / DP_DRA_DRIVER_NAME",
+            "'GPU_nvidia.com' is not a DNS subdomain",
+            id="driver-name",
+        ),
+    ],
+)
+def test_a_path_flag_that_cannot_work_is_a_usage_error(
+    args: tuple[str, ...], flag: str, says: str
+) -> None:
+    done = deviceplugin(*args, "--simulate", "h100-x8")
+    assert done.returncode == 2, done.stderr
+    assert f"deviceplugin: error: {flag}: " in done.stderr and says in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [("serve",), ("dra", "serve")])
+def test_a_cdi_spec_dir_that_is_a_file_is_a_usage_error(command: tuple[str, ...]) -> None:
+    file = short_dir("dph") / "cdi"
+    file.write_text("")
+    done = deviceplugin(*command, "--simulate", "h100-x8", "--cdi-spec-dir", str(file))
+    assert done.returncode == 2, done.stderr
+    assert f"--cdi-spec-dir / DP_CDI_SPEC_DIR: {file} is not a directory" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_resource_socket_too_long_for_the_kubelet_dir_is_a_start_up_error_naming_the_flag() -> (
+    None
+):
+    directory = long_dir(MAX_SOCKET_PATH - len("/nvidia-gpu.sock") + 2)  # kubelet.sock fits
+    config = directory.parent / "config.yaml"
+    config.write_text("version: v1\n")
+    done = deviceplugin(
+        "serve",
+        "--simulate",
+        "h100-x8",
+        "--kubelet-dir",
+        str(directory),
+        "--config-file",
+        str(config),
+    )
+    assert done.returncode == 2, done.stderr
+    assert "startup.invalid field=--kubelet-dir" in done.stderr
+    assert "nvidia-gpu.sock is 109 bytes long" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_cdi_dir_that_became_a_file_fails_the_claim_with_enotdir_naming_it() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            node.cdi_dir.write_text("")
+            ref = node.add_claim(claim("blocked", [("gpu", "gpu-4")]))
+            error = (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]].error
+            assert error.endswith(f"ENOTDIR {node.cdi_dir} is not a directory"), error
 
     run(body)

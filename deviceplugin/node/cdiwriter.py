@@ -6,7 +6,7 @@ The content goes to a temp file in the same directory, whose name ends neither i
 device unresolvable), then is renamed over the spec. Mode 0644: the runtime may read it as
 another user. A spec whose bytes are already on disk is not rewritten, so a runtime's cache and
 the file's mtime say when something really changed. Errors are OSError for the caller to log
-and retry.
+and retry; a directory that is a file is ENOTDIR naming it, not mkdir's EEXIST.
 """
 
 from __future__ import annotations
@@ -51,7 +51,12 @@ class SpecWriter:
         with contextlib.suppress(OSError):
             if self.path.read_bytes() == content:
                 return False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file, not a directory, is in the way
+            raise NotADirectoryError(
+                errno.ENOTDIR, f"{self.path.parent} is not a directory", str(self.path.parent)
+            ) from None
         fd, temp = tempfile.mkstemp(
             dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
         )
