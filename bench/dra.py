@@ -36,9 +36,7 @@ from deviceplugin.dra.kubeapi import connect
 from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.service import DraDriver
 from deviceplugin.host import open_nvml
-from deviceplugin.model.config import load_config
 from deviceplugin.model.devices import Inventory
-from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.node.discovery import discover
 from deviceplugin.sim.apiserver import PREFIX, ApiServer
@@ -84,15 +82,13 @@ def write_node(path: Path) -> Path:
     return path
 
 
-def discover_node(path: Path) -> tuple[Inventory, dict[str, ResourceSet]]:
+def discover_node(path: Path) -> Inventory:
     nvml = open_nvml(str(path))
     nvml.init()
     try:
-        inventory = discover(nvml)
+        return discover(nvml)
     finally:
         nvml.shutdown()
-    config = load_config(None, {"mig_strategy": "mixed"}, {}).config
-    return inventory, dict(build_plan(inventory, config).resources)
 
 
 async def _baseline(bodies: list[bytes]) -> float:
@@ -115,13 +111,13 @@ async def _baseline(bodies: list[bytes]) -> float:
         await server.stop()
 
 
-async def _first_publish(inventory: Inventory, resources: dict[str, ResourceSet]) -> float:
+async def _first_publish(inventory: Inventory) -> float:
     server = ApiServer()
     await server.start()
     publisher = SlicePublisher(await connect(host=server.url), NODE)
     try:
         started = time.perf_counter()
-        if not await publisher.publish(inventory, resources):
+        if not await publisher.publish(inventory, {}):
             raise RuntimeError("publish failed")
         elapsed = time.perf_counter() - started
         if len(server.slices) != 4 or server.rejected:
@@ -132,16 +128,16 @@ async def _first_publish(inventory: Inventory, resources: dict[str, ResourceSet]
         await server.stop()
 
 
-async def _changes(inventory: Inventory, resources: dict[str, ResourceSet]) -> list[float]:
+async def _changes(inventory: Inventory) -> list[float]:
     server = ApiServer()
     await server.start()
     publisher = SlicePublisher(await connect(host=server.url), NODE)
-    sick = apply_health(resources, {inventory.gpus[GPUS // 2].uuid: "xid-79"})
+    sick = {inventory.gpus[GPUS // 2].uuid: "xid-79"}
     try:
-        await publisher.publish(inventory, resources)
+        await publisher.publish(inventory, {})
         times = []
         for n in range(CHANGES):
-            state = sick if n % 2 == 0 else resources
+            state = sick if n % 2 == 0 else {}
             started = time.perf_counter()
             if not await publisher.publish(inventory, state):
                 raise RuntimeError("publish failed")
@@ -190,7 +186,6 @@ async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
         command="dra serve",
         simulate=PREPARE_PRESET,
         cdi_spec_dir=root / "cdi",
-        overrides={"mig_strategy": "mixed"},
         kubelet_root=root / "kubelet",
         kubeconfig=str(_kubeconfig(root / "kubeconfig", server.url)),
         node_name=NODE,
@@ -235,18 +230,18 @@ async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
 
 async def run(root: Path) -> list[Figure]:
     """Median (and p99 for changes) of each measure with its same-run baseline."""
-    inventory, resources = discover_node(write_node(root / "dra-node.yaml"))
-    devices = build_devices(inventory, resources)
+    inventory = discover_node(write_node(root / "dra-node.yaml"))
+    devices = build_devices(inventory)
     bodies = [json.dumps(s).encode() for s in build_slices(NODE, devices, 1)]
     first, base = [], []
     for _ in range(REPEATS):
-        first.append(await _first_publish(inventory, resources))
+        first.append(await _first_publish(inventory))
         base.append(await _baseline(bodies))
-    changes = await _changes(inventory, resources)
+    changes = await _changes(inventory)
     builds, dumps = [], []
     for _ in range(CHANGES):
         started = time.perf_counter()
-        built = build_slices(NODE, build_devices(inventory, resources), 2)
+        built = build_slices(NODE, build_devices(inventory), 2)
         middle = time.perf_counter()
         json.dumps(built)
         dumps.append(time.perf_counter() - middle)

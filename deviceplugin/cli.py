@@ -14,6 +14,7 @@ from pathlib import Path
 from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
+from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS, TaintEffect
 from deviceplugin.ops.logs import LogFormat
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
@@ -72,7 +73,17 @@ _DRA_FLAGS: dict[str, tuple[str, str, str]] = {
         "kubeconfig for the API server (default: in-cluster config)",
     ),
     "node-name": ("node_name", "NODE_NAME", "this node's name (default: the host name)"),
+    "unhealthy-taint": (
+        "unhealthy_taint",
+        "DP_DRA_UNHEALTHY_TAINT",
+        f"the taint an unhealthy device gets: {', '.join(TAINT_EFFECTS)} or off"
+        f" (default {DEFAULT_TAINT})",
+    ),
 }
+# Config overrides the DRA driver acts on; the others shape only what the device plugin
+# advertises, so `dra serve` and `dra explain` refuse them.
+DRA_OVERRIDES = ("fail_on_init_error", "nvidia_driver_root", "nvidia_dev_root")
+DEVICE_PLUGIN_ONLY = tuple(key for key in ENV_OVERRIDES if key not in DRA_OVERRIDES)
 
 _OVERRIDE_HELP = {
     "mig_strategy": "none, single or mixed",
@@ -86,6 +97,7 @@ _OVERRIDE_HELP = {
     "shared_devices_allocation_policy": "distributed or packed",
 }
 
+_DEVICE_PLUGIN_ENV = frozenset(ENV_OVERRIDES[key] for key in DEVICE_PLUGIN_ONLY)
 HEALTH_ENV_VARS = ("DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "DP_HEALTH_POLICY")
 
 SERVE_ENV_VARS: frozenset[str] = frozenset(
@@ -123,6 +135,7 @@ class Settings:
     kubelet_root: Path = Path(DEFAULT_KUBELET_ROOT)  # dra serve
     kubeconfig: str | None = None  # dra serve
     node_name: str | None = None  # dra serve
+    unhealthy_taint: TaintEffect | None = DEFAULT_TAINT  # dra serve, dra explain; None: off
 
 
 def _flag(key: str) -> str:
@@ -164,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     dra_runtime = {
         k: v for k, v in _RUNTIME_FLAGS.items() if k not in ("kubelet-dir", "http-address")
     }
-    _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS})
+    _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS}, DRA_OVERRIDES)
+    _refuse_device_plugin_flags(dra_serve)
     dra_commands.add_parser(
         "demo", help="dra serve on a simulated node against a plugin watcher and an API server"
     )
@@ -177,19 +191,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--unhealthy", action="append", default=[], metavar="UUID", help="mark a device unhealthy"
     )
     explain.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    explain_flags = ("config-file", "simulate", "simulate-events")
-    _add_serve_flags(explain, {name: _RUNTIME_FLAGS[name] for name in explain_flags})
+    explain_flags = {n: _RUNTIME_FLAGS[n] for n in ("config-file", "simulate", "simulate-events")}
+    explain_flags["unhealthy-taint"] = _DRA_FLAGS["unhealthy-taint"]
+    _add_serve_flags(explain, explain_flags, ())
+    _refuse_device_plugin_flags(explain)
     return parser
 
 
 def _add_serve_flags(
-    parser: argparse.ArgumentParser, flags: Mapping[str, tuple[str, str, str]]
+    parser: argparse.ArgumentParser,
+    flags: Mapping[str, tuple[str, str, str]],
+    overrides: Sequence[str] = tuple(ENV_OVERRIDES),
 ) -> None:
-    """`flags` and every config override, each naming its environment variable in its help."""
+    """`flags` and the config `overrides`, each naming its environment variable in its help."""
     for name, (dest, env, text) in flags.items():
         parser.add_argument(f"--{name}", dest=dest, help=f"{text} [env {env}]")
-    for key, env in ENV_OVERRIDES.items():
+    for key in overrides:
+        env = ENV_OVERRIDES[key]
         parser.add_argument(_flag(key), dest=key, help=f"{_OVERRIDE_HELP.get(key, '')} [env {env}]")
+
+
+def _refuse_device_plugin_flags(parser: argparse.ArgumentParser) -> None:
+    """Hidden flags for the device plugin's settings, so that giving one to a DRA command is
+    answered with why, not with "unrecognized arguments"."""
+    for key in DEVICE_PLUGIN_ONLY:
+        parser.add_argument(_flag(key), dest=f"refused_{key}", help=argparse.SUPPRESS)
 
 
 def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
@@ -211,6 +237,20 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     command = args.command
     if command == "dra":
         command = f"dra {args.dra_command}"
+        refused = [_flag(k) for k in DEVICE_PLUGIN_ONLY if values.get(f"refused_{k}") is not None]
+        if refused:
+            parser.error(
+                f"{refused[0]} is a setting of the device plugin (deviceplugin serve): the DRA"
+                " driver publishes the hardware as it is, every GPU once and a MIG-enabled GPU"
+                " as its MIG devices"
+            )
+        env = {k: v for k, v in env.items() if k not in _DEVICE_PLUGIN_ENV}
+    taint = runtime["unhealthy_taint"] or DEFAULT_TAINT
+    if command.startswith("dra ") and taint != "off" and taint not in TAINT_EFFECTS:
+        parser.error(
+            f"--unhealthy-taint / DP_DRA_UNHEALTHY_TAINT must be {', '.join(TAINT_EFFECTS)}"
+            f" or off, got {taint!r}"
+        )
     settings = Settings(
         command=command,
         config_file=runtime["config_file"],
@@ -236,6 +276,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         kubelet_root=Path(runtime["kubelet_root"] or DEFAULT_KUBELET_ROOT),
         kubeconfig=runtime["kubeconfig"],
         node_name=runtime["node_name"],
+        unhealthy_taint=next((effect for effect in TAINT_EFFECTS if effect == taint), None),
     )
     problem = _path_problem(settings)
     if problem is not None:

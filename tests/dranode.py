@@ -1,17 +1,14 @@
-"""Inventories and plans for the DRA tests: presets, and a 64-GPU node of seven 1g.10gb each,
-all discovered through the simulator as `dra serve` would discover them."""
+"""Inventories for the DRA tests: presets, and a 64-GPU node of seven 1g.10gb each, all
+discovered through the simulator as `dra serve` would discover them."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
 from pathlib import Path
 
 from deviceplugin.host import open_nvml
-from deviceplugin.model.config import load_config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import DevicePluginError
-from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
 from deviceplugin.node.discovery import discover
 from tests.simnode import gpu, write_node
 
@@ -26,13 +23,6 @@ def inventory(simulate: str) -> Inventory:
     finally:
         with contextlib.suppress(DevicePluginError):
             nvml.shutdown()
-
-
-def plan(
-    found: Inventory, strategy: str = "mixed", unhealthy: Mapping[str, str] | None = None
-) -> dict[str, ResourceSet]:
-    config = load_config(None, {"mig_strategy": strategy}, {}).config
-    return apply_health(build_plan(found, config).resources, unhealthy or {})
 
 
 def big_node(path: Path, gpus: int = 64) -> Path:

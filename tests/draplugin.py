@@ -198,7 +198,6 @@ async def running_driver(
         health_recovery_after=recovery,
         cdi_spec_dir=root / "cdi",
         overrides={
-            "mig_strategy": "mixed",
             "nvidia_driver_root": str(host_tree(simulate)),
             **(overrides or {}),
         },

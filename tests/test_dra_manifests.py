@@ -1,5 +1,6 @@
 """manifests/dra: valid for every Kubernetes release that serves resource.k8s.io/v1, least
-privilege, the host paths the DRA driver needs, and DeviceClasses whose CEL compiles."""
+privilege, the host paths the DRA driver needs, DeviceClasses that `dra explain` reads (the CEL
+compiles, the extended resource names are valid), and the seed's template in v1beta1."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deviceplugin.dra.selectors import Selector
+from deviceplugin.dra.resourceapi import read_claims, read_classes
 
 DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")
@@ -37,7 +38,7 @@ def test_every_manifest_is_valid(version: str) -> None:
 
 
 def test_resource_v1_is_not_served_before_1_34() -> None:
-    (seed, *_) = of_kind("DeviceClass")
+    (seed, *_) = (c for c in of_kind("DeviceClass") if c["apiVersion"] == "resource.k8s.io/v1")
     with pytest.raises(kubernetes_validate.SchemaNotFoundError):
         kubernetes_validate.validate(seed, "1.33", strict=True)
 
@@ -91,12 +92,35 @@ def test_the_daemonset_mounts_what_the_driver_needs_and_holds_no_privilege() -> 
     assert "hostNetwork" not in pod and "hostPID" not in pod
 
 
-def test_device_classes_of_the_seed_and_nvidia_compile() -> None:
-    classes = {c["metadata"]["name"]: c for c in of_kind("DeviceClass")}
-    assert set(classes) == {"mig-1g.10gb.nvidia.com", "gpu.nvidia.com", "mig.nvidia.com"}
-    for device_class in classes.values():
-        for selector in device_class["spec"]["selectors"]:
-            Selector(selector["cel"]["expression"])
+def test_device_classes_of_the_seed_and_nvidia_and_for_extended_resources_are_valid() -> None:
+    classes = read_classes(of_kind("DeviceClass"), "manifests/dra")
+    assert set(classes) == {
+        "mig-1g.10gb.nvidia.com",
+        "gpu.nvidia.com",
+        "mig.nvidia.com",
+        "gpu-extended.nvidia.com",
+        "mig-1g.10gb-extended.nvidia.com",
+    }
+    extended = {n: c.extended_resource_name for n, c in classes.items() if c.extended_resource_name}
+    assert extended == {
+        "gpu-extended.nvidia.com": "nvidia.com/gpu",
+        "mig-1g.10gb-extended.nvidia.com": "nvidia.com/mig-1g.10gb",
+    }
+
+
+def test_the_extended_resource_classes_live_apart_from_the_others() -> None:
+    """Applying deviceclasses.yaml alone must not take nvidia.com/gpu pods away from a device
+    plugin elsewhere; the extended-resource classes are a step of the migration."""
+    base = list(yaml.safe_load_all((DRA / "deviceclasses.yaml").read_text()))
+    assert not any("extendedResourceName" in c["spec"] for c in base)
+
+
+def test_the_seed_template_is_there_in_both_shapes() -> None:
+    templates = {t.name: t for t in read_claims(of_kind("ResourceClaimTemplate"), "manifests/dra")}
+    v1, v1beta1 = templates["mig-1g.10gb"], templates["mig-1g.10gb-v1beta1"]
+    assert v1.api_version == "resource.k8s.io/v1"
+    assert v1beta1.api_version == "resource.k8s.io/v1beta1"
+    assert v1.requests == v1beta1.requests
 
 
 def test_the_daemonset_runs_the_dra_image_of_this_version() -> None:

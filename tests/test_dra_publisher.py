@@ -1,6 +1,7 @@
 """dra.publisher and dra.kubeapi against the API-server stand-in, over real HTTP with the real
 async Kubernetes client: create, update with a generation bump, stale deletion, the per-slice
-limit, retries after errors and conflicts, and the stand-in refusing what a server refuses."""
+limit, retries after errors and conflicts, the unhealthy taint (its effect, and the time the
+server stamped on it), a MIG re-cut, and the stand-in refusing what a server refuses."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from deviceplugin.dra.publisher import Backoff, SlicePublisher
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.sim.apiserver import ApiServer
-from tests.dranode import big_node, inventory, plan
+from tests.dranode import big_node, inventory
+from tests.simnode import gpu as simgpu
+from tests.simnode import migs, write_node
 
 NODE = "node-1"
 SAFETY = 10.0  # only a broken publisher waits this long; no test asserts on time
@@ -63,14 +66,14 @@ async def _first_publish_creates_the_pool_and_an_unchanged_one_writes_nothing(
     server: ApiServer, publisher: SlicePublisher
 ) -> None:
     found = inventory("a100-80gb-x8-mixed")
-    assert await publisher.publish(found, plan(found))
+    assert await publisher.publish(found, {})
     (only,) = server.slices.values()
     assert only["metadata"]["name"] == f"{NODE}-gpu.nvidia.com-0"
     assert only["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
     assert len(only["spec"]["devices"]) == 32
     assert server.rejected == []
     before = len(server.requests)
-    assert await publisher.publish(found, plan(found))
+    assert await publisher.publish(found, {})
     assert server.requests[before:] == []
 
 
@@ -82,15 +85,15 @@ async def _a_health_change_rewrites_with_the_next_generation(
     server: ApiServer, publisher: SlicePublisher
 ) -> None:
     found = inventory("a100-80gb-x8-mixed")
-    await publisher.publish(found, plan(found))
+    await publisher.publish(found, {})
     mig = found.gpus[2].mig_devices[0]
-    assert await publisher.publish(found, plan(found, unhealthy={mig.uuid: "xid-94"}))
+    assert await publisher.publish(found, {mig.uuid: "xid-94"})
     (only,) = server.slices.values()
     assert only["spec"]["pool"]["generation"] == 2
     sick = [d for d in only["spec"]["devices"] if not d["attributes"]["nvidia.com/healthy"]["bool"]]
     assert [d["attributes"]["uuid"]["string"] for d in sick] == [mig.uuid]
     assert sick[0]["taints"][0]["value"] == "xid-94"
-    assert await publisher.publish(found, plan(found))  # recovery
+    assert await publisher.publish(found, {})  # recovery
     assert all(
         d["attributes"]["nvidia.com/healthy"]["bool"] for d in stored_devices(server).values()
     )
@@ -105,7 +108,7 @@ async def _stale_slices_of_this_node_are_deleted_and_others_kept(
     server: ApiServer, publisher: SlicePublisher
 ) -> None:
     found = inventory("h100-x8")
-    devices = build_devices(found, plan(found))
+    devices = build_devices(found)
     mine = build_slices(NODE, devices, 5)[0]
     mine["metadata"]["name"] = "left-over"
     other = build_slices("node-2", devices, 1)[0]
@@ -115,7 +118,7 @@ async def _stale_slices_of_this_node_are_deleted_and_others_kept(
         await api.create_slice(other)
     finally:
         await api.close()
-    assert await publisher.publish(found, plan(found))
+    assert await publisher.publish(found, {})
     assert sorted(server.slices) == [f"{NODE}-gpu.nvidia.com-0", "node-2-gpu.nvidia.com-0"]
     assert server.slices[f"{NODE}-gpu.nvidia.com-0"]["spec"]["pool"]["generation"] == 6
     assert ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/left-over") in server.requests
@@ -129,13 +132,13 @@ async def _a_64_gpu_node_is_split_and_shrinking_deletes_the_extra_slices(
     server: ApiServer, publisher: SlicePublisher, tmp_path: Path
 ) -> None:
     big = inventory(str(big_node(tmp_path / "big.yaml")))
-    assert await publisher.publish(big, plan(big))
+    assert await publisher.publish(big, {})
     assert server.rejected == []
     pools = [s["spec"]["pool"] for s in server.slices.values()]
     assert pools == [{"name": NODE, "generation": 1, "resourceSliceCount": 4}] * 4
     assert len(stored_devices(server)) == 448
     small = inventory(str(big_node(tmp_path / "small.yaml", gpus=10)))
-    assert await publisher.publish(small, plan(small))
+    assert await publisher.publish(small, {})
     pools = [s["spec"]["pool"] for s in server.slices.values()]
     assert pools == [{"name": NODE, "generation": 2, "resourceSliceCount": 1}]
     assert len(stored_devices(server)) == 70
@@ -150,7 +153,7 @@ async def _an_api_error_is_retried_with_backoff_until_published(
 ) -> None:
     found = inventory("a100-80gb-x8-mixed")
     server.fail_next(500, 3)
-    assert not await publisher.publish(found, plan(found))
+    assert not await publisher.publish(found, {})
     await asyncio.wait_for(publisher.wait_published(), SAFETY)
     assert len(stored_devices(server)) == 32
     assert server.requests[:3] == [("GET", "/apis/resource.k8s.io/v1/resourceslices")] * 3
@@ -165,9 +168,9 @@ async def _a_newer_state_wins_over_a_pending_retry(
 ) -> None:
     found = inventory("a100-80gb-x8-mixed")
     server.fail_next(503, 1)
-    assert not await publisher.publish(found, plan(found))
+    assert not await publisher.publish(found, {})
     sick = {found.gpus[0].uuid: "xid-79"}
-    assert await publisher.publish(found, plan(found, unhealthy=sick))
+    assert await publisher.publish(found, sick)
     await asyncio.wait_for(publisher.wait_published(), SAFETY)
     healthy = [
         d["attributes"]["nvidia.com/healthy"]["bool"] for d in stored_devices(server).values()
@@ -183,11 +186,11 @@ async def _a_conflict_re_lists_and_writes_again(
     server: ApiServer, publisher: SlicePublisher
 ) -> None:
     found = inventory("a100-80gb-x8-mixed")
-    await publisher.publish(found, plan(found))
+    await publisher.publish(found, {})
     (name,) = server.slices
     server.slices[name]["metadata"]["resourceVersion"] = "999999"  # someone else wrote it
     sick = {found.gpus[3].uuid: "xid-48"}
-    assert not await publisher.publish(found, plan(found, unhealthy=sick))
+    assert not await publisher.publish(found, sick)
     await asyncio.wait_for(publisher.wait_published(), SAFETY)
     assert server.slices[name]["spec"]["pool"]["generation"] == 2  # the refused write never counted
     healthy = [
@@ -204,11 +207,11 @@ async def _a_restarted_publisher_adopts_slices_that_already_say_the_same(
     server: ApiServer, publisher: SlicePublisher
 ) -> None:
     found = inventory("a100-80gb-x8-mixed")
-    await publisher.publish(found, plan(found))
+    await publisher.publish(found, {})
     again = SlicePublisher(await connect(host=server.url), NODE)
     try:
         before = len(server.requests)
-        assert await again.publish(found, plan(found))
+        assert await again.publish(found, {})
         assert writes(server)[-1][0] == "POST"  # still the first publisher's create
         assert len(server.requests) == before + 1  # one list
         assert again.generation == 1
@@ -224,7 +227,7 @@ async def _the_stand_in_refuses_what_the_api_server_refuses(
     server: ApiServer, publisher: SlicePublisher
 ) -> None:
     found = inventory("h100-x8")
-    good = build_slices(NODE, build_devices(found, plan(found)), 1)[0]
+    good = build_slices(NODE, build_devices(found), 1)[0]
     too_many = json.loads(json.dumps(good))
     too_many["spec"]["devices"] = [
         {**good["spec"]["devices"][0], "name": f"gpu-{n}"} for n in range(129)
@@ -315,14 +318,14 @@ async def _unreachable() -> None:
     publisher = SlicePublisher(await connect(host=url), NODE, backoff=Backoff(first=0.01))
     try:
         found = inventory("h100-x8")
-        assert not await publisher.publish(found, plan(found))
+        assert not await publisher.publish(found, {})
     finally:
         await publisher.close()
 
 
 async def _kubeconfig(server: ApiServer, publisher: SlicePublisher, tmp_path: Path) -> None:
     found = inventory("h100-x8")
-    await publisher.publish(found, plan(found))
+    await publisher.publish(found, {})
     config = {
         "apiVersion": "v1",
         "kind": "Config",
@@ -361,7 +364,7 @@ async def _wiped(server: ApiServer, publisher: SlicePublisher) -> None:
     found = inventory("a100-80gb-x8-mixed")
     assert not await publisher.refresh()  # nothing to publish yet: no empty pool
     assert server.requests == []
-    await publisher.publish(found, plan(found))
+    await publisher.publish(found, {})
     async with aiohttp.ClientSession() as session:  # the kubelet's wipe at its restart
         selector = f"spec.nodeName={NODE},spec.driver=gpu.nvidia.com"
         async with session.delete(
@@ -370,7 +373,7 @@ async def _wiped(server: ApiServer, publisher: SlicePublisher) -> None:
         ) as answer:
             assert answer.status == 200
     assert server.slices == {}
-    assert await publisher.publish(found, plan(found))
+    assert await publisher.publish(found, {})
     assert server.slices == {}  # nothing changed as far as the publisher knows
     assert await publisher.refresh()
     (only,) = server.slices.values()
@@ -380,3 +383,70 @@ async def _wiped(server: ApiServer, publisher: SlicePublisher) -> None:
 
 def test_refresh_repairs_slices_the_kubelet_wiped() -> None:
     run(_wiped)
+
+
+async def _a_taint_keeps_the_time_the_server_stamped(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    """The API server stamps `timeAdded` on a taint written without one; a rewrite for some
+    other device must carry it, or a NoExecute toleration's countdown would start over."""
+    found = inventory("h100-x8")
+    first = {found.gpus[1].uuid: "xid-79"}
+    assert await publisher.publish(found, first)
+    (name,) = server.slices
+    stamped = "2026-01-02T03:04:05Z"
+    server.slices[name]["spec"]["devices"][1]["taints"][0]["timeAdded"] = stamped
+    before = len(writes(server))
+    assert await publisher.refresh()  # re-lists: the same but for the stamp, so adopted
+    assert len(writes(server)) == before
+    assert await publisher.publish(found, {**first, found.gpus[5].uuid: "xid-48"})
+    devices = stored_devices(server)
+    assert devices["gpu-1"]["taints"][0]["timeAdded"] == stamped
+    assert "timeAdded" not in devices["gpu-5"]["taints"][0]  # new: the server stamps it
+    assert server.rejected == []
+    assert await publisher.publish(found, {})  # recovered: the taint and its time are gone
+    assert not any("taints" in d for d in stored_devices(server).values())
+
+
+def test_a_taint_keeps_the_time_the_server_stamped() -> None:
+    run(_a_taint_keeps_the_time_the_server_stamped)
+
+
+@pytest.mark.parametrize("taint", ["NoExecute", None])
+def test_the_taint_of_an_unhealthy_device_is_the_one_asked_for(taint: Any) -> None:
+    async def scenario(server: ApiServer, _: SlicePublisher) -> None:
+        found = inventory("a100-80gb-x8-mixed")
+        publisher = SlicePublisher(await connect(host=server.url), NODE, taint=taint)
+        try:
+            assert await publisher.publish(found, {found.gpus[0].uuid: "xid-79"})
+        finally:
+            await publisher.close()
+        sick = [d for d in stored_devices(server).values() if d["name"].startswith("gpu-0-")]
+        assert len(sick) == 7
+        for device in sick:
+            assert device["attributes"]["nvidia.com/healthy"] == {"bool": False}
+            effects = [t["effect"] for t in device.get("taints", [])]
+            assert effects == ([taint] if taint else [])
+
+    run(scenario)
+
+
+async def _enabling_mig_on_a_gpu_republishes_it_as_its_mig_devices(
+    server: ApiServer, publisher: SlicePublisher, tmp_path: Path
+) -> None:
+    node = write_node(tmp_path / "node.yaml", [simgpu(0), simgpu(1)])
+    assert await publisher.publish(inventory(str(node)), {})
+    assert sorted(stored_devices(server)) == ["gpu-0", "gpu-1"]
+    write_node(node, [simgpu(0), simgpu(1, **migs(1, "1g.10gb", "2g.20gb"))])
+    assert await publisher.publish(inventory(str(node)), {})
+    assert sorted(stored_devices(server)) == ["gpu-0", "gpu-1-mig-1-0", "gpu-1-mig-2-0"]
+    profiles = {
+        n: d["attributes"]["nvidia.com/migProfile"]["string"]
+        for n, d in stored_devices(server).items()
+    }
+    assert profiles == {"gpu-0": "", "gpu-1-mig-1-0": "1g.10gb", "gpu-1-mig-2-0": "2g.20gb"}
+    assert publisher.generation == 2
+
+
+def test_enabling_mig_on_a_gpu_republishes_it_as_its_mig_devices(tmp_path: Path) -> None:
+    run(_enabling_mig_on_a_gpu_republishes_it_as_its_mig_devices, tmp_path)

@@ -1,10 +1,13 @@
 """`deviceplugin dra serve --simulate` as a process, as a node runs it: it registers with the
-plugin-watcher emulator, publishes its slices to the API-server stand-in named by a kubeconfig
-file, prepares a claim, and on SIGTERM exits 0 with both sockets removed."""
+plugin-watcher emulator, publishes the hardware as it is to the API-server stand-in named by a
+kubeconfig file (whatever the device plugin's MIG_STRATEGY says), prepares a claim, taints a
+device an Xid takes away with the effect asked for, and on SIGTERM exits 0 with both sockets
+removed."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -37,9 +40,13 @@ def test_dra_serve_registers_publishes_prepares_and_stops_cleanly_on_sigterm() -
         watcher = PluginWatcher(kubelet)
         await watcher.start()
         env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
+        env["MIG_STRATEGY"] = "none"  # the device plugin's setting: no say over DRA
+        env["DP_DRA_UNHEALTHY_TAINT"] = "NoExecute"
+        events = root / "events.jsonl"
+        events.touch()
         process = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "deviceplugin", "dra", "serve", "--simulate", PRESET),
-            *("--mig-strategy", "mixed", "--node-name", NODE),
+            *("--simulate-events", str(events), "--node-name", NODE),
             *("--kubeconfig", str(write_kubeconfig(root / "kubeconfig", server.url))),
             *("--kubelet-root", str(kubelet), "--cdi-spec-dir", str(root / "cdi")),
             env=env,
@@ -57,6 +64,19 @@ def test_dra_serve_registers_publishes_prepares_and_stops_cleanly_on_sigterm() -
             (cdi_id,) = device.cdi_device_ids
             nodes = [n["path"] for n in resolve(root / "cdi", cdi_id)["deviceNodes"]]
             assert "/dev/nvidia4" in nodes
+
+            uuid = devices["gpu-0-mig-7-0"]["attributes"]["uuid"]["string"]
+            with events.open("a") as file:
+                file.write(json.dumps({"uuid": uuid, "xid": 94}) + "\n")
+            async with asyncio.timeout(START_TIMEOUT):
+                while "taints" not in published(server)["gpu-0-mig-7-0"]:
+                    await asyncio.sleep(0.05)
+            (taint,) = published(server)["gpu-0-mig-7-0"]["taints"]
+            assert taint == {
+                "key": "gpu.nvidia.com/unhealthy",
+                "value": "xid-94",
+                "effect": "NoExecute",
+            }
 
             process.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(process.wait(), 15)

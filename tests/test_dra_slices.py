@@ -1,5 +1,6 @@
-"""model.slices: the devices and ResourceSlices `dra serve` publishes, checked against the v1
-schema, NVIDIA's attribute names and types, the seed's attributes, topology and the limits."""
+"""model.slices: the devices and ResourceSlices `dra serve` publishes: the hardware as it is,
+checked against the v1 schema, NVIDIA's attribute names and types, the seed's attributes,
+topology, the unhealthy taint and the limits."""
 
 from __future__ import annotations
 
@@ -13,18 +14,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deviceplugin.dra.selectors import parse_quantity
-from deviceplugin.model.errors import DiscoveryError
 from deviceplugin.model.slices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
+    TAINT_EFFECTS,
     architecture,
     build_devices,
     build_slices,
     label_value,
+    physical_devices,
     quantity,
     semver,
     split,
 )
-from tests.dranode import big_node, inventory, plan
+from tests.dranode import big_node, inventory
+from tests.simnode import gpu as simgpu
+from tests.simnode import migs, write_node
 
 PRESETS = ("a100-80gb-x8-mixed", "a30-x4-mig", "a10-x8", "h100-x8", "dgx1-hybrid-cube")
 SCHEMA_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
@@ -38,37 +42,42 @@ def kinds(devices: list[dict[str, Any]]) -> Counter[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("preset", "strategy", "expected"),
+    ("preset", "expected"),
     [
-        ("a100-80gb-x8-mixed", "mixed", {("mig", "1g.10gb"): 28, ("gpu", ""): 4}),
-        ("a100-80gb-x8-mixed", "none", {("gpu", ""): 8}),
-        ("a30-x4-mig", "mixed", {("mig", "1g.6gb"): 16}),
-        ("a30-x4-mig", "single", {("mig", "1g.6gb"): 16}),
-        ("a30-x4-mig", "none", {("gpu", ""): 4}),
-        ("a10-x8", "mixed", {("gpu", ""): 8}),
-        ("h100-x8", "single", {("gpu", ""): 8}),
-        ("dgx1-hybrid-cube", "none", {("gpu", ""): 8}),
+        ("a100-80gb-x8-mixed", {("mig", "1g.10gb"): 28, ("gpu", ""): 4}),
+        ("a30-x4-mig", {("mig", "1g.6gb"): 16}),
+        ("a10-x8", {("gpu", ""): 8}),
+        ("h100-x8", {("gpu", ""): 8}),
+        ("dgx1-hybrid-cube", {("gpu", ""): 8}),
     ],
 )
-def test_the_mig_strategy_decides_what_is_published(
-    preset: str, strategy: str, expected: dict[tuple[str, str], int]
+def test_the_hardware_decides_what_is_published(
+    preset: str, expected: dict[tuple[str, str], int]
 ) -> None:
+    """MIG-disabled GPUs whole, MIG-enabled GPUs as their MIG devices: no MIG strategy."""
     found = inventory(preset)
-    assert kinds(build_devices(found, plan(found, strategy))) == expected
+    assert kinds(build_devices(found)) == expected
+    mig_enabled = {g.uuid for g in found.gpus if g.mig_enabled}
+    for gpu, mig in physical_devices(found):
+        assert (mig is not None) == (gpu.uuid in mig_enabled)
 
 
-def test_single_refuses_a_mixed_layout_as_the_device_plugin_does() -> None:
-    found = inventory("a100-80gb-x8-mixed")
-    with pytest.raises(DiscoveryError):
-        plan(found, "single")
+def test_a_mig_enabled_gpu_without_mig_devices_publishes_nothing(tmp_path: Path) -> None:
+    """It cannot run work whole, and has no MIG device to run it on."""
+    node = write_node(
+        tmp_path / "node.yaml",
+        [simgpu(0), simgpu(1, migCapable=True, migEnabled=True), simgpu(2, **migs(2, "1g.10gb"))],
+    )
+    names = [d["name"] for d in build_devices(inventory(str(node)))]
+    assert names == ["gpu-0", "gpu-2-mig-1-0"]
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-@pytest.mark.parametrize("strategy", ["none", "mixed"])
-def test_every_slice_is_valid_under_the_v1_schema(preset: str, strategy: str) -> None:
+@pytest.mark.parametrize("taint", [*TAINT_EFFECTS, None])
+def test_every_slice_is_valid_under_the_v1_schema(preset: str, taint: Any) -> None:
     found = inventory(preset)
     sick = {found.gpus[0].uuid: "xid-79: GPU reset required"}
-    devices = build_devices(found, plan(found, strategy, sick))
+    devices = build_devices(found, sick, taint=taint)
     for item in build_slices("node-1", devices, 3):
         for version in SCHEMA_VERSIONS:
             assert kubernetes_validate.validate(item, version, strict=True) == version
@@ -81,7 +90,7 @@ def test_a_mig_device_carries_nvidias_attributes_and_the_seeds() -> None:
     found = inventory("a100-80gb-x8-mixed")
     gpu = found.gpus[0]
     mig = gpu.mig_devices[0]
-    device = build_devices(found, plan(found))[0]
+    device = build_devices(found)[0]
     assert device["name"] == f"gpu-{gpu.minor}-mig-{mig.gpu_instance_id}-0"
     assert device["attributes"] == {
         "type": {"string": "mig"},
@@ -95,7 +104,9 @@ def test_a_mig_device_carries_nvidias_attributes_and_the_seeds() -> None:
         "cudaDriverVersion": {"version": "12.4.0"},
         "index": {"int": mig.index},
         "parentIndex": {"int": 0},
+        "pcieBusID": {"string": "0000:07:00.0"},
         "resource.kubernetes.io/pciBusID": {"string": "0000:07:00.0"},
+        "resource.kubernetes.io/numaNode": {"int": 0},
         "nvidia.com/migProfile": {"string": "1g.10gb"},
         "nvidia.com/parentUUID": {"string": gpu.uuid},
         "nvidia.com/healthy": {"bool": True},
@@ -110,7 +121,7 @@ def test_a_mig_device_carries_nvidias_attributes_and_the_seeds() -> None:
 def test_a_whole_gpu_carries_index_minor_and_its_own_uuid_as_parent() -> None:
     found = inventory("h100-x8")
     gpu = found.gpus[3]
-    device = build_devices(found, plan(found))[3]
+    device = build_devices(found)[3]
     attributes = device["attributes"]
     assert device["name"] == f"gpu-{gpu.minor}"
     assert attributes["type"] == {"string": "gpu"}
@@ -126,7 +137,7 @@ def test_a_whole_gpu_carries_index_minor_and_its_own_uuid_as_parent() -> None:
 def test_health_marks_every_device_of_a_failed_gpu_and_taints_it() -> None:
     found = inventory("a100-80gb-x8-mixed")
     failed = found.gpus[1]
-    devices = build_devices(found, plan(found, unhealthy={failed.uuid: "xid-79"}))
+    devices = build_devices(found, {failed.uuid: "xid-79"})
     by_health = Counter(
         (
             d["attributes"]["nvidia.com/parentUUID"]["string"] == failed.uuid,
@@ -145,7 +156,7 @@ def test_health_marks_every_device_of_a_failed_gpu_and_taints_it() -> None:
 def test_an_xid_on_one_mig_device_marks_that_device_only() -> None:
     found = inventory("a100-80gb-x8-mixed")
     mig = found.gpus[0].mig_devices[2]
-    devices = build_devices(found, plan(found, unhealthy={mig.uuid: "xid-94"}))
+    devices = build_devices(found, {mig.uuid: "xid-94"})
     sick = [
         d["attributes"]["uuid"]["string"]
         for d in devices
@@ -154,19 +165,20 @@ def test_an_xid_on_one_mig_device_marks_that_device_only() -> None:
     assert sick == [mig.uuid]
 
 
-def test_replicas_of_time_slicing_collapse_to_the_physical_device(tmp_path: Path) -> None:
+@pytest.mark.parametrize("effect", TAINT_EFFECTS)
+def test_the_taint_effect_is_a_choice_and_the_taint_can_be_left_off(effect: Any) -> None:
     found = inventory("h100-x8")
-    config_file = tmp_path / "config.yaml"
-    config_file.write_text(
-        "version: v1\nsharing:\n  timeSlicing:\n    resources:\n"
-        "      - name: nvidia.com/gpu\n        replicas: 4\n"
-    )
-    from deviceplugin.model.config import load_config
-    from deviceplugin.model.resources import build_plan
-
-    resources = build_plan(found, load_config(str(config_file), {}, {}).config).resources
-    assert sum(len(r.devices) for r in resources.values()) == 32
-    assert len(build_devices(found, resources)) == 8
+    sick = {found.gpus[2].uuid: "gpu-lost"}
+    (tainted,) = [d for d in build_devices(found, sick, taint=effect) if "taints" in d]
+    assert tainted["name"] == "gpu-2"
+    assert tainted["taints"] == [
+        {"key": "gpu.nvidia.com/unhealthy", "value": "gpu-lost", "effect": effect}
+    ]
+    untainted = build_devices(found, sick, taint=None)
+    assert not any("taints" in d for d in untainted)
+    assert [d["attributes"]["nvidia.com/healthy"]["bool"] for d in untainted].count(False) == 1
+    slices = build_slices("n", untainted, 1)
+    kubernetes_validate.validate(slices[0], "1.37", strict=True)
 
 
 @pytest.mark.parametrize(
@@ -180,14 +192,14 @@ def test_replicas_of_time_slicing_collapse_to_the_physical_device(tmp_path: Path
 )
 def test_topology_groups(preset: str, islands: set[int], roots: set[int]) -> None:
     found = inventory(preset)
-    devices = build_devices(found, plan(found, "none"))
+    devices = build_devices(found)  # a MIG device carries its GPU's values
     assert {d["attributes"]["nvidia.com/nvlinkIsland"]["int"] for d in devices} == islands
     assert {d["attributes"]["nvidia.com/pcieRoot"]["int"] for d in devices} == roots
 
 
 def test_a_64_gpu_node_splits_at_the_per_slice_limit(tmp_path: Path) -> None:
     found = inventory(str(big_node(tmp_path / "node.yaml")))
-    devices = build_devices(found, plan(found))
+    devices = build_devices(found)
     slices = build_slices("big", devices, 1)
     assert [len(s["spec"]["devices"]) for s in slices] == [128, 128, 128, 64]
     assert {s["spec"]["pool"]["resourceSliceCount"] for s in slices} == {4}
@@ -201,7 +213,7 @@ def test_a_64_gpu_node_splits_at_the_per_slice_limit(tmp_path: Path) -> None:
 def test_a_slice_with_a_tainted_device_holds_at_most_64(tmp_path: Path) -> None:
     found = inventory(str(big_node(tmp_path / "node.yaml")))
     sick = {found.gpus[10].uuid: "xid-79"}  # devices 70..76
-    slices = build_slices("big", build_devices(found, plan(found, unhealthy=sick)), 1)
+    slices = build_slices("big", build_devices(found, sick), 1)
     sizes = [len(s["spec"]["devices"]) for s in slices]
     assert sizes == [70, 64, 128, 128, 58]  # a new slice where the first tainted device comes
     for item in slices:

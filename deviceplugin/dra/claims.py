@@ -1,217 +1,339 @@
-"""Which devices a DeviceClass selects and which a claim would get, as the scheduler decides.
+"""Which devices the scheduler would allocate to a claim, decided as its allocator decides.
 
-`read_classes` and `read_claim` take parsed YAML (`resource.k8s.io/v1` DeviceClass, and
-ResourceClaim or ResourceClaimTemplate); `select` evaluates one class on a set of devices and
-`allocate` answers a claim: each request (`exactly`: class, extra selectors, `count` or
-`allocationMode: All`) takes devices that every selector accepts, no device twice, and every
-`matchAttribute` constraint makes the devices of the requests it names share one value of that
-attribute (a device without the attribute cannot satisfy it). Values are tried in the order
-their first devices appear and devices are taken in slice order, so the answer is
-deterministic. A selector that fails on a device fails the claim, as it does in Kubernetes.
-`firstAvailable` requests are not simulated.
+`allocate` takes a claim read by `dra.resourceapi`, the DeviceClasses, and the node's devices
+in slice order, and searches as Kubernetes' structured allocator does: requests in order; for a
+`firstAvailable` request its subrequests in order, the first that can be satisfied wins; each
+request takes `count` devices (or, with `allocationMode: All`, every device its class and
+selectors accept, at least one, all of which must be usable) in slice order, backtracking when
+a later request or a constraint cannot be met. A device is usable for a request when
+
+- its class's selectors and then the request's accept it (a selector that fails on a device
+  fails the claim, as in Kubernetes; selectors run only on devices the search reaches);
+- no other request of the claim holds it, and, unless the request asks for `adminAccess`, no
+  earlier claim holds it without admin access (`allocate_all` allocates claims one after the
+  other, as claims already allocated leave their devices in use);
+- every `NoSchedule` or `NoExecute` taint on it is tolerated by the request (`None` taints are
+  ignored), as the scheduler checks with the DRADeviceTaints gate on;
+- it keeps every constraint over its request: `matchAttribute` (all devices of the named
+  requests share one value; a device without the attribute cannot be one of them) and
+  `distinctAttribute` (no two share a value).
+
+A claim gets at most 32 devices (AllocationResultsMaxSize). Where the allocator would search
+without bound, this search gives up after a fixed number of device checks and says so.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceplugin.dra.selectors import Selector, SelectorError, qualified
-from deviceplugin.model.errors import ConfigError
+from deviceplugin.dra.resourceapi import Claim, Constraint, DeviceChoice, DeviceClass, Request
+from deviceplugin.dra.selectors import Selector, SelectorError, cel_device, qualified
 
 JsonObject = dict[str, Any]
-MAX_COMBINATIONS = 100_000  # constraint values to try before giving up
+MAX_RESULTS = 32  # AllocationResultsMaxSize: devices per claim
+MAX_CHECKS = 1_000_000  # device checks before the search gives up
+_BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
 @dataclass(frozen=True)
-class Request:
+class Candidate:
+    """One published device: its name, what CEL selectors see, its attributes (for
+    constraints) and its taints."""
+
     name: str
-    device_class: str
-    selectors: tuple[Selector, ...]
-    count: int | None  # None: allocationMode All
+    driver: str
+    cel: JsonObject
+    attributes: Mapping[str, JsonObject]
+    taints: tuple[Mapping[str, Any], ...] = ()
 
+    @classmethod
+    def of(cls, driver: str, device: JsonObject) -> Candidate:
+        """From a v1 ResourceSlice device of `driver`."""
+        return cls(
+            name=device["name"],
+            driver=driver,
+            cel=cel_device(driver, device),
+            attributes=device.get("attributes") or {},
+            taints=tuple(device.get("taints") or ()),
+        )
 
-@dataclass(frozen=True)
-class Constraint:
-    attribute: str
-    requests: tuple[str, ...]  # empty: every request of the claim
-
-
-@dataclass(frozen=True)
-class Claim:
-    name: str
-    requests: tuple[Request, ...]
-    constraints: tuple[Constraint, ...] = ()
+    def attribute(self, name: str) -> tuple[str, object] | None:
+        """(type, value) of a fully qualified attribute, looked up as the allocator does: the
+        full name, or the bare name when the domain is the driver's; None when missing."""
+        value = self.attributes.get(name)
+        domain, identifier = qualified(self.driver, name)
+        if value is None and domain == self.driver:
+            value = self.attributes.get(identifier)
+        if not value:
+            return None
+        kind, content = next(iter(value.items()))
+        return str(kind), content
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """Devices per request, and the value each constraint settled on; `failure` says why not."""
+    """The devices per request (`<request>/<subrequest>` for a `firstAvailable` one), the value
+    each `matchAttribute` settled on; or `failure`, why not."""
 
     devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     values: Mapping[str, object] = field(default_factory=dict)
+    admin: tuple[str, ...] = ()  # requests allocated with admin access
     failure: str = ""
 
 
-def read_classes(documents: Sequence[object]) -> dict[str, tuple[Selector, ...]]:
-    """DeviceClass name -> its compiled selectors; other kinds are skipped."""
-    classes: dict[str, tuple[Selector, ...]] = {}
-    for position, document in enumerate(documents):
-        if not isinstance(document, dict) or document.get("kind") != "DeviceClass":
-            continue
-        name = (document.get("metadata") or {}).get("name")
-        if not name:
-            raise ConfigError(f"class[{position}].metadata.name", "required")
-        spec = document.get("spec") or {}
-        classes[name] = _selectors(spec.get("selectors") or [], f"DeviceClass {name}")
-    if not classes:
-        raise ConfigError("class", "no DeviceClass found")
-    return classes
-
-
-def read_claim(document: object) -> Claim:
-    """A ResourceClaim's or ResourceClaimTemplate's device requests and constraints."""
-    if not isinstance(document, dict) or document.get("kind") not in (
-        "ResourceClaim",
-        "ResourceClaimTemplate",
-    ):
-        raise ConfigError("claim", "expected a ResourceClaim or ResourceClaimTemplate")
-    spec = document.get("spec") or {}
-    if document["kind"] == "ResourceClaimTemplate":
-        spec = spec.get("spec") or {}
-    devices = spec.get("devices") or {}
-    requests = []
-    for position, entry in enumerate(devices.get("requests") or []):
-        path = f"spec.devices.requests[{position}]"
-        exact = entry.get("exactly")
-        if exact is None:
-            raise ConfigError(path, "only 'exactly' requests are simulated (not firstAvailable)")
-        mode = exact.get("allocationMode", "ExactCount")
-        requests.append(
-            Request(
-                name=entry["name"],
-                device_class=exact["deviceClassName"],
-                selectors=_selectors(exact.get("selectors") or [], path),
-                count=None if mode == "All" else int(exact.get("count", 1)),
-            )
-        )
-    constraints = tuple(
-        Constraint(entry["matchAttribute"], tuple(entry.get("requests") or ()))
-        for entry in devices.get("constraints") or []
-        if entry.get("matchAttribute")
-    )
-    name = (document.get("metadata") or {}).get("name", "")
-    return Claim(name=name, requests=tuple(requests), constraints=constraints)
-
-
 def select(selectors: Sequence[Selector], device: JsonObject) -> bool:
-    """Every selector accepts the device; SelectorError when one fails on it."""
+    """Every selector accepts the device (a `cel_device`); SelectorError when one fails."""
     return all(selector.matches(device) for selector in selectors)
+
+
+def allocate_all(
+    claims: Sequence[Claim], classes: Mapping[str, DeviceClass], devices: Sequence[Candidate]
+) -> list[Allocation]:
+    """Each claim in turn; devices an earlier claim got (without admin access) are in use."""
+    in_use: set[str] = set()
+    allocations = []
+    for claim in claims:
+        allocation = allocate(claim, classes, devices, in_use)
+        allocations.append(allocation)
+        for request, names in allocation.devices.items():
+            if request not in allocation.admin:
+                in_use.update(names)
+    return allocations
 
 
 def allocate(
     claim: Claim,
-    classes: Mapping[str, Sequence[Selector]],
-    devices: Mapping[str, JsonObject],
+    classes: Mapping[str, DeviceClass],
+    devices: Sequence[Candidate],
+    in_use: Collection[str] = (),
 ) -> Allocation:
-    """The devices (name -> `cel_device`) the claim would be given, in the mapping's order."""
-    candidates: dict[str, list[str]] = {}
+    """The claim's allocation on `devices` (in slice order), `in_use` held by other claims."""
     for request in claim.requests:
-        if request.device_class not in classes:
-            return Allocation(
-                failure=f"request {request.name}: no DeviceClass {request.device_class}"
-            )
-        selectors = [*classes[request.device_class], *request.selectors]
+        for choice in request.choices:
+            if choice.device_class not in classes:
+                return Allocation(failure=f"{choice.name}: no DeviceClass {choice.device_class}")
+    search = _Search(claim, classes, devices, frozenset(in_use))
+    try:
+        found = search.request(0)
+    except SelectorError as err:
+        return Allocation(failure=str(err))
+    except _GiveUp as err:
+        return Allocation(failure=str(err))
+    if not found:
         try:
-            candidates[request.name] = [n for n, d in devices.items() if select(selectors, d)]
+            return Allocation(failure=search.why_not())
         except SelectorError as err:
-            return Allocation(failure=f"request {request.name}: {err}")
-    applies = [
-        (c, [r.name for r in claim.requests if not c.requests or r.name in c.requests])
-        for c in claim.constraints
-    ]
-    choices = []
-    for constraint, names in applies:
-        values = (_value(devices[d], constraint.attribute) for n in names for d in candidates[n])
-        choices.append([v for v in dict.fromkeys(values) if v is not None])  # in slice order
-    for tried, combination in enumerate(itertools.product(*choices)):
-        if tried >= MAX_COMBINATIONS:
-            return Allocation(failure="too many constraint values to try")
-        chosen = _fill(claim, candidates, devices, applies, combination)
-        if chosen is not None:
-            settled = {c.attribute: v for (c, _), v in zip(applies, combination, strict=True)}
-            return Allocation(devices=chosen, values=settled)
-    return Allocation(failure=_why_not(claim, candidates, applies))
-
-
-def _fill(
-    claim: Claim,
-    candidates: Mapping[str, list[str]],
-    devices: Mapping[str, JsonObject],
-    applies: Sequence[tuple[Constraint, list[str]]],
-    combination: Sequence[object],
-) -> dict[str, tuple[str, ...]] | None:
-    used: set[str] = set()
-    chosen: dict[str, tuple[str, ...]] = {}
-    for request in claim.requests:
-        rules = [
-            (c.attribute, value)
-            for (c, names), value in zip(applies, combination, strict=True)
-            if request.name in names
-        ]
-        fits = [
-            d
-            for d in candidates[request.name]
-            if d not in used and all(_value(devices[d], a) == v for a, v in rules)
-        ]
-        if request.count is None:
-            if len(fits) != len(candidates[request.name]) or not fits:
-                return None
-            picked = fits
-        elif len(fits) < request.count:
-            return None
-        else:
-            picked = fits[: request.count]
-        used.update(picked)
-        chosen[request.name] = tuple(picked)
-    return chosen
-
-
-def _why_not(
-    claim: Claim,
-    candidates: Mapping[str, list[str]],
-    applies: Sequence[tuple[Constraint, list[str]]],
-) -> str:
-    counts = ", ".join(
-        f"{r.name}: {len(candidates[r.name])} matching, "
-        + ("all" if r.count is None else f"{r.count}")
-        + " wanted"
-        for r in claim.requests
+            return Allocation(failure=str(err))
+    return Allocation(
+        devices={name: tuple(picked) for name, picked in search.picked.items()},
+        values=search.settled(),
+        admin=tuple(c.name for c in search.chosen if c.admin_access),
     )
-    if applies:
-        attributes = ", ".join(c.attribute for c, _ in applies)
-        return (
-            f"no devices satisfy the requests together under matchAttribute {attributes} ({counts})"
-        )
-    return f"not enough devices ({counts})"
 
 
-def _value(device: JsonObject, attribute: str) -> object:
-    domain, identifier = qualified(device["driver"], attribute)
-    value: object = device["attributes"].get(domain, {}).get(identifier)
-    return value
+class _GiveUp(Exception):
+    """The search ran out of device checks."""
 
 
-def _selectors(entries: Sequence[Any], where: str) -> tuple[Selector, ...]:
-    selectors = []
-    for position, entry in enumerate(entries):
-        expression = (entry.get("cel") or {}).get("expression") if isinstance(entry, dict) else None
-        if not isinstance(expression, str):
-            raise ConfigError(f"{where}.selectors[{position}]", "needs cel.expression")
-        try:
-            selectors.append(Selector(expression))
-        except SelectorError as err:
-            raise ConfigError(f"{where}.selectors[{position}]", str(err)) from err
-    return tuple(selectors)
+class _Search:
+    """Depth-first over requests, choices and devices, with the state of one attempt."""
+
+    def __init__(
+        self,
+        claim: Claim,
+        classes: Mapping[str, DeviceClass],
+        devices: Sequence[Candidate],
+        in_use: frozenset[str],
+    ) -> None:
+        self.claim = claim
+        self.classes = classes
+        self.devices = devices
+        self.in_use = in_use
+        self.checks = 0
+        self.selectable: dict[tuple[str, str], bool] = {}
+        self.held: set[str] = set()  # devices this claim holds so far
+        self.picked: dict[str, list[str]] = {}
+        self.chosen: list[DeviceChoice] = []
+        # per constraint: the (type, value) of each device added, in order
+        self.values: list[list[tuple[str, object]]] = [[] for _ in claim.constraints]
+
+    def request(self, index: int) -> bool:
+        """Satisfy requests[index:] on top of what is held now."""
+        if index == len(self.claim.requests):
+            return True
+        request = self.claim.requests[index]
+        for choice in request.choices:
+            self.chosen.append(choice)
+            self.picked[choice.name] = []
+            if choice.count is None:
+                done = self._take_all(index, request, choice)
+            else:
+                done = self._take(index, request, choice, choice.count, 0)
+            if done:
+                return True
+            del self.picked[choice.name]
+            self.chosen.pop()
+        return False
+
+    def _take(
+        self, index: int, request: Request, choice: DeviceChoice, need: int, start: int
+    ) -> bool:
+        if need == 0:
+            return self.request(index + 1)
+        if len(self.held) + need > MAX_RESULTS:
+            return False
+        eligible = [
+            position
+            for position in range(start, len(self.devices))
+            if self._eligible(request, choice, self.devices[position])
+        ]
+        if len(eligible) < need:
+            return False
+        for position in eligible:
+            device = self.devices[position]
+            if not self._eligible(request, choice, device):  # an earlier pick may settle a value
+                continue
+            self._add(request, choice, device)
+            if self._take(index, request, choice, need - 1, position + 1):
+                return True
+            self._remove(request, choice, device)
+        return False
+
+    def _take_all(self, index: int, request: Request, choice: DeviceChoice) -> bool:
+        every = [d for d in self.devices if self._selectable(choice, d)]
+        if not every or len(self.held) + len(every) > MAX_RESULTS:
+            return False
+        added = []
+        for device in every:
+            if not self._eligible(request, choice, device):
+                break
+            self._add(request, choice, device)
+            added.append(device)
+        else:
+            if self.request(index + 1):
+                return True
+        for device in reversed(added):
+            self._remove(request, choice, device)
+        return False
+
+    def _eligible(self, request: Request, choice: DeviceChoice, device: Candidate) -> bool:
+        self.checks += 1
+        if self.checks > MAX_CHECKS:
+            raise _GiveUp(f"gave up after {MAX_CHECKS:,} device checks (no allocation found yet)")
+        if device.name in self.held:
+            return False
+        if not choice.admin_access and device.name in self.in_use:
+            return False
+        if not self._selectable(choice, device) or not _tolerated(choice, device):
+            return False
+        for constraint, values in self._applying(request, choice):
+            value = device.attribute(constraint.attribute)
+            if value is None:
+                return False
+            if constraint.distinct and value in values:
+                return False
+            if not constraint.distinct and values and values[0] != value:
+                return False
+        return True
+
+    def _selectable(self, choice: DeviceChoice, device: Candidate) -> bool:
+        """The class's selectors, then the request's (remembered per choice and device)."""
+        key = (choice.name, device.name)
+        if key not in self.selectable:
+            selectors = (*self.classes[choice.device_class].selectors, *choice.selectors)
+            try:
+                self.selectable[key] = select(selectors, device.cel)
+            except SelectorError as err:
+                raise SelectorError(f"{choice.name}: device {device.name}: {err}") from err
+        return self.selectable[key]
+
+    def _applying(
+        self, request: Request, choice: DeviceChoice
+    ) -> list[tuple[Constraint, list[tuple[str, object]]]]:
+        return [
+            (constraint, values)
+            for constraint, values in zip(self.claim.constraints, self.values, strict=True)
+            if _applies(constraint, request, choice)
+        ]
+
+    def _add(self, request: Request, choice: DeviceChoice, device: Candidate) -> None:
+        self.held.add(device.name)
+        self.picked[choice.name].append(device.name)
+        for constraint, values in self._applying(request, choice):
+            value = device.attribute(constraint.attribute)
+            assert value is not None
+            values.append(value)
+
+    def _remove(self, request: Request, choice: DeviceChoice, device: Candidate) -> None:
+        self.held.discard(device.name)
+        self.picked[choice.name].remove(device.name)
+        for _, values in self._applying(request, choice):
+            values.pop()
+
+    def settled(self) -> dict[str, object]:
+        return {
+            constraint.attribute: values[0][1]
+            for constraint, values in zip(self.claim.constraints, self.values, strict=True)
+            if not constraint.distinct and values
+        }
+
+    def why_not(self) -> str:
+        """Per request: how many devices match, which of those it could not use, how many it
+        wants; and whether only the constraints or the other requests stand in the way."""
+        parts = []
+        alone = True
+        for request in self.claim.requests:
+            possible = False
+            for choice in request.choices:
+                part, fits = self._alone(choice)
+                parts.append(part)
+                possible = possible or fits
+            alone = alone and possible
+        counts = "; ".join(parts)
+        if alone and self.claim.constraints:
+            names = ", ".join(
+                f"{'distinctAttribute' if c.distinct else 'matchAttribute'} {c.attribute}"
+                for c in self.claim.constraints
+            )
+            return f"no devices satisfy the requests together under {names} ({counts})"
+        if alone:
+            return f"the requests cannot all be met at once ({counts})"
+        return f"not enough devices ({counts})"
+
+    def _alone(self, choice: DeviceChoice) -> tuple[str, bool]:
+        """What one choice sees, and whether it could be met if it were the only one."""
+        matching = [d for d in self.devices if self._selectable(choice, d)]
+        tainted = [d for d in matching if not _tolerated(choice, d)]
+        busy = [] if choice.admin_access else [d for d in matching if d.name in self.in_use]
+        usable = len({d.name for d in matching} - {d.name for d in (*tainted, *busy)})
+        wanted = "all" if choice.count is None else str(choice.count)
+        part = f"{choice.name}: {wanted} wanted, {len(matching)} match"
+        left_out = [
+            f"{len(tainted)} tainted without a toleration" if tainted else "",
+            f"{len(busy)} held by an earlier claim" if busy else "",
+        ]
+        if any(left_out):
+            part += f" ({', '.join(text for text in left_out if text)})"
+        if choice.count is None:
+            fits = 0 < usable == len(matching) <= MAX_RESULTS
+        else:
+            fits = choice.count <= min(usable, MAX_RESULTS)
+        return part, fits
+
+
+def _applies(constraint: Constraint, request: Request, choice: DeviceChoice) -> bool:
+    """A constraint names no requests (all of them), the request, or this subrequest."""
+    if not constraint.requests:
+        return True
+    return request.name in constraint.requests or choice.name in constraint.requests
+
+
+def _tolerated(choice: DeviceChoice, device: Candidate) -> bool:
+    """Every taint that would keep the request off the device is tolerated."""
+    return all(
+        any(toleration.tolerates(taint) for toleration in choice.tolerations)
+        for taint in device.taints
+        if taint.get("effect") in _BLOCKING_EFFECTS
+    )

@@ -2,10 +2,10 @@
 kubelet's and the scheduler's side.
 
 Starts the API-server stand-in and the plugin-watcher emulator in this process, and
-`deviceplugin dra serve --simulate a100-80gb-x8-mixed --mig-strategy mixed` as a child process
-pointed at them (a kubeconfig file, a kubelet root and a CDI directory in a temp dir). Then:
-registration, the published slices, a claim prepared into CDI devices, an Xid turning a device
-unhealthy in its slice, Unprepare, and SIGTERM. Needs no GPU, no cluster and no root.
+`deviceplugin dra serve --simulate a100-80gb-x8-mixed` as a child process pointed at them (a
+kubeconfig file, a kubelet root and a CDI directory in a temp dir). Then: registration, the
+published slices, a claim prepared into CDI devices, an Xid turning a device unhealthy in its
+slice, Unprepare, and SIGTERM. Needs no GPU, no cluster and no root.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ async def demo(root: Path) -> int:
     env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
     process = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "deviceplugin", "dra", "serve", "--simulate", PRESET),
-        *("--simulate-events", str(events), "--mig-strategy", "mixed", "--node-name", NODE),
+        *("--simulate-events", str(events), "--node-name", NODE),
         *("--kubeconfig", str(_kubeconfig(root / "kubeconfig", server.url))),
         *("--kubelet-root", str(kubelet), "--cdi-spec-dir", str(root / "cdi")),
         env=env,

@@ -1,14 +1,20 @@
 """`deviceplugin dra explain`: which devices a DeviceClass selects on a node, and what a claim
 would be allocated there, without a cluster.
 
-It builds the devices `dra serve` would publish for the node (the same start-up path: config
-merge, simulated NVML, discovery, the MIG strategy's plan, health), evaluates every DeviceClass
-of `--class FILE` on them with `dra.selectors` (a real CEL library), and with `--claim FILE`
-simulates the scheduler's allocation of a ResourceClaim or ResourceClaimTemplate (`count`,
-`allocationMode: All`, `matchAttribute`). Health before evaluation: `--unhealthy UUID` marks a
-GPU or MIG device, and each line of `--simulate-events FILE` goes through the same Xid policy as
-`serve` (`{"uuid": ..., "xid": 79}`; `{"uuid": ..., "lost": true}`), so a device hit by a
-critical Xid drops out of a class that asks for `healthy`.
+It builds the devices `dra serve` would publish for the node (the same path: simulated NVML,
+discovery, health, the `--unhealthy-taint` effect), reads every DeviceClass of `--class FILE`
+and every ResourceClaim and ResourceClaimTemplate of `--claim FILE` in any served version
+(`dra.resourceapi`: checked as the API server checks them, converted to v1), evaluates each
+class on each device with `dra.selectors` (a real CEL library) and allocates the claims one
+after the other as the scheduler would (`dra.claims`). Health before evaluation: `--unhealthy
+UUID` marks a GPU or MIG device, and each line of `--simulate-events FILE` goes through the same
+Xid policy as `serve` (`{"uuid": ..., "xid": 79}`; `{"uuid": ..., "lost": true}`), so a device
+hit by a critical Xid drops out of a class that asks for `healthy`, and out of every claim that
+does not tolerate its taint. `--config-file` is checked as `dra serve` would check it; nothing in
+it changes what is published.
+
+Bad input of any kind (unreadable files, YAML that is not a Kubernetes object, objects the API
+server would refuse) is answered with exit 2 and a message naming the file and field path.
 """
 
 from __future__ import annotations
@@ -24,15 +30,16 @@ from typing import Any
 import yaml
 
 from deviceplugin.cli import Settings
-from deviceplugin.dra.claims import Allocation, allocate, read_claim, read_classes, select
-from deviceplugin.dra.selectors import SelectorError, cel_device
+from deviceplugin.dra.claims import Allocation, Candidate, allocate_all, select
+from deviceplugin.dra.resourceapi import Claim, read_claims, read_classes
+from deviceplugin.dra.selectors import SelectorError
 from deviceplugin.host import open_nvml
 from deviceplugin.model.config import load_config
 from deviceplugin.model.errors import ConfigError, DevicePluginError
-from deviceplugin.model.resources import apply_health, build_plan
-from deviceplugin.model.slices import DRIVER, build_devices
+from deviceplugin.model.slices import DEFAULT_TAINT, DRIVER, TaintEffect, build_devices
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.node.discovery import discover
+from deviceplugin.sim.events import parse_line
 
 JsonObject = dict[str, Any]
 
@@ -48,8 +55,8 @@ class ExplainOptions:
     unhealthy: tuple[str, ...] = ()
     config_file: str | None = None
     driver: str = DRIVER
+    taint: TaintEffect | None = DEFAULT_TAINT
     output: str = "table"
-    overrides: Mapping[str, str | None] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -62,8 +69,8 @@ def options_from(settings: Settings) -> ExplainOptions:
         events_file=settings.simulate_events,
         unhealthy=settings.unhealthy,
         config_file=settings.config_file,
+        taint=settings.unhealthy_taint,
         output=settings.output,
-        overrides=settings.overrides,
         env=settings.env,
     )
 
@@ -75,40 +82,41 @@ def explain(options: ExplainOptions) -> int:
         return 2
     try:
         report = build_report(options)
-    except (ConfigError, SelectorError) as err:
+    except DevicePluginError as err:
         print(f"dra explain: {err}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2) if options.output == "json" else render(report))
+    print(json.dumps(report, indent=2, default=str) if options.output == "json" else render(report))
     return 0
 
 
 def build_report(options: ExplainOptions) -> JsonObject:
-    """The devices, each class's verdict per device, and the claim's allocation."""
-    classes = read_classes(_documents(options.class_file))
-    claim = read_claim(_documents(options.claim_file)[0]) if options.claim_file else None
+    """The devices, each class's verdict per device, and each claim's allocation."""
+    classes = read_classes(read_documents(options.class_file), options.class_file)
+    claims = []
+    if options.claim_file:
+        claims = read_claims(read_documents(options.claim_file), options.claim_file)
     published = node_devices(options)
-    devices = {d["name"]: cel_device(options.driver, d) for d in published}
+    candidates = [Candidate.of(options.driver, d) for d in published]
     verdicts: dict[str, dict[str, bool | str]] = {}
-    for name, selectors in classes.items():
+    for name, device_class in classes.items():
         verdict: dict[str, bool | str] = {}
-        for device_name, device in devices.items():
+        for candidate in candidates:
             try:
-                verdict[device_name] = select(selectors, device)
+                verdict[candidate.name] = select(device_class.selectors, candidate.cel)
             except SelectorError as err:
-                verdict[device_name] = f"error: {err}"
+                verdict[candidate.name] = f"error: {err}"
         verdicts[name] = verdict
-    report: JsonObject = {
+    allocations = allocate_all(claims, classes, candidates)
+    return {
         "devices": [_summary(d) for d in published],
         "classes": verdicts,
+        "claims": [_allocation(c, a) for c, a in zip(claims, allocations, strict=True)],
     }
-    if claim is not None:
-        report["claim"] = _allocation(claim.name, allocate(claim, classes, devices))
-    return report
 
 
 def node_devices(options: ExplainOptions) -> list[JsonObject]:
     """The devices `dra serve` would publish on the simulated node, health applied."""
-    config = load_config(options.config_file, options.overrides, options.env).config
+    load_config(options.config_file, {}, options.env)  # refused as `dra serve` would refuse it
     nvml = open_nvml(options.simulate)
     nvml.init()
     try:
@@ -121,8 +129,7 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
         unhealthy.update(
             events_health(Path(options.events_file), HealthPolicy.from_env(options.env))
         )
-    resources = apply_health(build_plan(inventory, config).resources, unhealthy)
-    return build_devices(inventory, resources, options.driver)
+    return build_devices(inventory, unhealthy, options.driver, options.taint)
 
 
 def events_health(path: Path, policy: HealthPolicy) -> dict[str, str]:
@@ -130,29 +137,52 @@ def events_health(path: Path, policy: HealthPolicy) -> dict[str, str]:
     unhealthy: dict[str, str] = {}
     try:
         lines = path.read_text().splitlines()
-    except OSError as err:
+    except (OSError, UnicodeDecodeError) as err:
         raise ConfigError("simulate-events", f"cannot read {path}: {err}") from err
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            event = json.loads(line)
-            uuid = event["uuid"]
-        except (ValueError, KeyError, TypeError) as err:
+            event = parse_line(line)
+        except ValueError as err:
             raise ConfigError("simulate-events", f"{path}:{number}: not an event: {err}") from err
-        if event.get("lost") is True:
-            unhealthy[uuid] = "gpu-lost"
-        elif event.get("lost") is False:
-            unhealthy.pop(uuid, None)
-        if "xid" in event:
-            decision = policy.decide(int(event["xid"]))
+        if event.uuid is None:
+            continue  # a waitError line: nothing about health
+        if event.lost is True:
+            unhealthy[event.uuid] = "gpu-lost"
+        elif event.lost is False:
+            unhealthy.pop(event.uuid, None)
+        if event.xid is not None:
+            decision = policy.decide(event.xid)
             if decision.fatal:
-                unhealthy[uuid] = decision.reason
+                unhealthy[event.uuid] = decision.reason
     return unhealthy
 
 
+def read_documents(path: str | None) -> list[object]:
+    """The documents of a YAML (or JSON) file; ConfigError naming the file when it cannot be
+    read."""
+    try:
+        data = Path(path or "").read_bytes()
+    except OSError as err:
+        raise ConfigError(str(path), f"cannot read: {err.strerror or err}") from err
+    return parse_documents(data, str(path))
+
+
+def parse_documents(data: bytes, source: str) -> list[object]:
+    """The non-empty YAML documents in `data`; ConfigError for anything that is not UTF-8
+    YAML holding at least one."""
+    try:
+        documents = [d for d in yaml.safe_load_all(data.decode()) if d is not None]
+    except (ValueError, OverflowError, yaml.YAMLError, RecursionError) as err:
+        raise ConfigError(source, f"not YAML: {err}") from err
+    if not documents:
+        raise ConfigError(source, "holds no document")
+    return documents
+
+
 def render(report: JsonObject) -> str:
-    """A table of devices with one column per class, then the claim's allocation."""
+    """A table of devices with one column per class, then each claim's allocation."""
     classes: dict[str, dict[str, bool | str]] = report["classes"]
     header = ["DEVICE", "TYPE", "PROFILE", "HEALTHY", *classes]
     rows = [
@@ -170,17 +200,19 @@ def render(report: JsonObject) -> str:
         chosen = sum(value is True for value in verdict.values())
         lines.append(f"{name}: {chosen} of {len(verdict)} devices match")
         lines.extend(f"  {d}: {v}" for d, v in verdict.items() if isinstance(v, str))
-    claim = report.get("claim")
-    if claim is not None:
+    for claim in report["claims"]:
         lines.append("")
+        title = f"{claim['kind']} {claim['name']} ({claim['apiVersion']})"
         if claim["failure"]:
-            lines.append(f"claim {claim['name']}: cannot be allocated: {claim['failure']}")
+            lines.append(f"{title}: cannot be allocated: {claim['failure']}")
         else:
-            lines.append(f"claim {claim['name']}: would be allocated")
+            lines.append(f"{title}: would be allocated")
             for request, names in claim["devices"].items():
-                lines.append(f"  {request}: {', '.join(names)}")
+                admin = " (admin access)" if request in claim["adminAccess"] else ""
+                lines.append(f"  {request}: {', '.join(names)}{admin}")
             for attribute, value in claim["values"].items():
                 lines.append(f"  matchAttribute {attribute} = {value}")
+        lines.extend(f"  note: {note}" for note in claim["notes"])
     return "\n".join(lines)
 
 
@@ -192,26 +224,21 @@ def _summary(device: JsonObject) -> JsonObject:
         "uuid": attributes["uuid"]["string"],
         "profile": attributes["nvidia.com/migProfile"]["string"],
         "healthy": attributes["nvidia.com/healthy"]["bool"],
+        "taints": device.get("taints", []),
     }
 
 
-def _allocation(name: str, allocation: Allocation) -> JsonObject:
+def _allocation(claim: Claim, allocation: Allocation) -> JsonObject:
     return {
-        "name": name,
+        "kind": claim.kind,
+        "name": claim.name,
+        "apiVersion": claim.api_version,
         "devices": {request: list(names) for request, names in allocation.devices.items()},
         "values": dict(allocation.values),
+        "adminAccess": list(allocation.admin),
         "failure": allocation.failure,
+        "notes": list(claim.notes),
     }
-
-
-def _documents(path: str | None) -> list[Any]:
-    try:
-        documents = [d for d in yaml.safe_load_all(Path(path or "").read_text()) if d]
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(str(path), f"cannot read: {err}") from err
-    if not documents:
-        raise ConfigError(str(path), "holds no document")
-    return documents
 
 
 def _cell(value: bool | str) -> str:

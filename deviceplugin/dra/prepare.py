@@ -50,8 +50,7 @@ from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from deviceplugin.model.log import log_event
-from deviceplugin.model.resources import ResourceSet
-from deviceplugin.model.slices import build_devices, device_name
+from deviceplugin.model.slices import device_name, physical_devices
 from deviceplugin.node.cdiwriter import SpecWriter, describe
 
 logger = logging.getLogger(__name__)
@@ -116,23 +115,10 @@ class NodeDevices:
         return self.scan, self.options
 
     @classmethod
-    def build(
-        cls,
-        inventory: Inventory,
-        resources: Mapping[str, ResourceSet],
-        scan: HostScan,
-        options: CdiOptions,
-        driver: str,
-    ) -> NodeDevices:
-        """Only devices the slices publish: with MIG strategy `mixed` a MIG-enabled GPU is not
-        allocatable whole, so its name is unknown here too."""
-        published = {device["name"] for device in build_devices(inventory, resources, driver)}
-        by_name = {
-            device_name(gpu, mig): (gpu, mig)
-            for gpu in inventory.gpus
-            for mig in (None, *gpu.mig_devices)
-            if device_name(gpu, mig) in published
-        }
+    def build(cls, inventory: Inventory, scan: HostScan, options: CdiOptions) -> NodeDevices:
+        """Only devices the slices publish: a MIG-enabled GPU is published as its MIG devices,
+        not whole, so its own name is unknown here too."""
+        by_name = {device_name(gpu, mig): (gpu, mig) for gpu, mig in physical_devices(inventory)}
         return cls(by_name, scan, options)
 
 

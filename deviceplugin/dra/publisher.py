@@ -4,15 +4,15 @@ How to use it (the composition root does this):
 
     api = await kubeapi.connect(kubeconfig=settings.kubeconfig)  # or connect(host=stand_in.url)
     publisher = SlicePublisher(api, node_name="node-1", driver="gpu.nvidia.com")
-    await publisher.publish(inventory, resources)   # at start, and after every change
+    await publisher.publish(inventory, unhealthy)   # at start, and after every change
     await publisher.refresh()                       # after the kubelet (re-)registers the plugin
     ...
     await publisher.close()                         # stops retrying, closes the client
 
-`resources` is the device plugin's plan with health applied
-(`apply_health(build_plan(inventory, config).resources, unhealthy)`), so the MIG strategy and the
-health engine decide what DRA sees exactly as they decide what the kubelet sees. Call `publish`
-again whenever the inventory, the config or a device's health changes; calling it with an
+`inventory` is the node as discovery found it and `unhealthy` the health engine's UUID -> reason
+(`model.slices` publishes the hardware as it is, whatever the device plugin's MIG strategy), and
+`taint` (constructor) the effect of the taint an unhealthy device gets, or None for no taint.
+Call `publish` again whenever the inventory or a device's health changes; calling it with an
 unchanged state writes nothing.
 
 What it guarantees:
@@ -22,6 +22,8 @@ What it guarantees:
   pool rewritten (consumers use only the newest generation, so no slice may lag behind), slices
   no longer needed are deleted, and so are stale slices of this node and driver found at start;
 - after a restart, slices that already say what this node has are adopted, not rewritten;
+- a taint keeps the `timeAdded` the API server gave it while the device stays tainted, so
+  rewriting a slice never restarts a `NoExecute` toleration's countdown;
 - an API error never escapes `publish`: it is logged (`dra.publish.failed`), the slices are
   listed afresh and the write retried with exponential backoff until it succeeds or a newer
   `publish` supersedes it. `publish` returns whether this call got the slices written;
@@ -39,8 +41,13 @@ from typing import Any, Protocol
 
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
-from deviceplugin.model.resources import ResourceSet
-from deviceplugin.model.slices import DRIVER, build_devices, build_slices
+from deviceplugin.model.slices import (
+    DEFAULT_TAINT,
+    DRIVER,
+    TaintEffect,
+    build_devices,
+    build_slices,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +85,11 @@ class SlicePublisher:
         node_name: str,
         driver: str = DRIVER,
         backoff: Backoff | None = None,
+        taint: TaintEffect | None = DEFAULT_TAINT,
     ) -> None:
         self.node_name = node_name
         self.driver = driver
+        self.taint = taint
         self._api = api
         self._backoff = backoff or Backoff()
         self._lock = asyncio.Lock()
@@ -99,9 +108,9 @@ class SlicePublisher:
         """The pool generation last written (or adopted)."""
         return self._generation
 
-    async def publish(self, inventory: Inventory, resources: Mapping[str, ResourceSet]) -> bool:
-        """Make the slices say what `inventory` and `resources` say; True once written."""
-        self._desired = build_devices(inventory, resources, self.driver)
+    async def publish(self, inventory: Inventory, unhealthy: Mapping[str, str]) -> bool:
+        """Make the slices say what `inventory` and `unhealthy` say; True once written."""
+        self._desired = build_devices(inventory, unhealthy, self.driver, self.taint)
         self._version += 1
         self._published.clear()
         return await self._attempt()
@@ -179,7 +188,9 @@ class SlicePublisher:
         generations = {_generation(item) for item in stored.values()}
         generation = max([self._generation, *generations]) + 1
         names = set()
+        taints = _taints_by_device(stored.values())
         for body in build_slices(self.node_name, devices, generation, self.driver):
+            _keep_taint_times(body, taints)
             name = body["metadata"]["name"]
             names.add(name)
             current = stored.get(name)
@@ -209,10 +220,40 @@ def _generation(item: JsonObject) -> int:
 
 
 def _contents(items: Iterable[JsonObject]) -> list[tuple[str, Any]]:
-    """What two sets of slices must share to say the same: name and spec but the generation."""
+    """What two sets of slices must share to say the same: name and spec but the generation
+    and the times the API server stamps on taints."""
     result = []
     for item in items:
         spec = dict(item.get("spec", {}))
         spec["pool"] = {k: v for k, v in spec.get("pool", {}).items() if k != "generation"}
+        spec["devices"] = [_without_taint_times(d) for d in spec.get("devices") or []]
         result.append((item["metadata"]["name"], spec))
     return sorted(result, key=lambda pair: pair[0])
+
+
+def _without_taint_times(device: JsonObject) -> JsonObject:
+    if not device.get("taints"):
+        return device
+    taints = [{k: v for k, v in t.items() if k != "timeAdded"} for t in device["taints"]]
+    return {**device, "taints": taints}
+
+
+def _taints_by_device(slices: Iterable[JsonObject]) -> dict[str, list[JsonObject]]:
+    """The taints each device has on the server now, by device name."""
+    return {
+        device["name"]: device["taints"]
+        for item in slices
+        for device in item.get("spec", {}).get("devices") or []
+        if device.get("taints")
+    }
+
+
+def _keep_taint_times(body: JsonObject, stored: Mapping[str, list[JsonObject]]) -> None:
+    """Give each taint in `body` the `timeAdded` of the same taint (key and effect) already on
+    the server, as the API server would stamp a new one with the time of this write."""
+    for device in body["spec"]["devices"]:
+        for taint in device.get("taints") or []:
+            for old in stored.get(device["name"], ()):
+                same = old.get("key") == taint["key"] and old.get("effect") == taint["effect"]
+                if same and old.get("timeAdded"):
+                    taint["timeAdded"] = old["timeAdded"]

@@ -1,12 +1,14 @@
 """`dra serve`: the DRA driver wired together, until SIGTERM or SIGINT.
 
 Start-up, in the order the kubelet needs it: the config file and flags (as `serve` merges
-them), NVML (simulated with `--simulate`), discovery and the MIG strategy's plan; the API client
-(`--kubeconfig`, else in-cluster) and the first publish of the slices; the checkpoint; the DRA
-socket; and last the registration socket, so the kubelet finds a driver that already answers.
-The health monitor then reports Xids and recoveries, each republished at once (`healthy`
-turns false, a taint is added). After each successful registration the slices are listed and
-repaired, since the kubelet wipes a driver's slices while none of its plugins is registered.
+them), NVML (simulated with `--simulate`), discovery (published as the hardware is: the device
+plugin's MIG strategy and sharing do not apply); the API client (`--kubeconfig`, else
+in-cluster) and the first publish of the slices; the checkpoint; the DRA socket; and last the
+registration socket, so the kubelet finds a driver that already answers. The health monitor
+then reports Xids and recoveries, each republished at once (`healthy` turns false, and the
+device is tainted unless `--unhealthy-taint off`). After each successful registration the
+slices are listed and repaired, since the kubelet wipes a driver's slices while none of its
+plugins is registered.
 
 While it runs, a cheap check every few seconds serves again on a socket that was deleted under
 it (the plugin watcher then registers the driver anew), and every minute the node is
@@ -27,7 +29,6 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Mapping
 
 from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
@@ -44,7 +45,6 @@ from deviceplugin.model.config import Config, ParsedConfig, load_config
 from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
 from deviceplugin.model.errors import DevicePluginError, NvmlError
 from deviceplugin.model.log import log_event
-from deviceplugin.model.resources import ResourceSet, apply_health, build_plan
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import (
     HealthChange,
@@ -86,7 +86,6 @@ class DraDriver:
         self._nvml: Nvml | None = None
         self._monitor: HealthMonitor | None = None
         self._inventory: Inventory | None = None
-        self._plan: Mapping[str, ResourceSet] = {}
         self._unhealthy: dict[str, str] = {}
         self._config: Config | None = None
 
@@ -113,13 +112,14 @@ class DraDriver:
             )
             return
         inventory = await asyncio.to_thread(discover, self._nvml)
-        plan = build_plan(inventory, config)
-        for warning in (*parsed.warnings, *plan.warnings):
+        for warning in parsed.warnings:
             log_event(logger, "config.warning", logging.WARNING, detail=warning)
-        self._inventory, self._plan = inventory, dict(plan.resources)
+        self._inventory = inventory
         api = await connect(kubeconfig=settings.kubeconfig)
-        self.publisher = SlicePublisher(api, self.node, settings.driver_name)
-        await self.publisher.publish(inventory, self._desired())  # an API error is retried
+        self.publisher = SlicePublisher(
+            api, self.node, settings.driver_name, taint=settings.unhealthy_taint
+        )
+        await self.publisher.publish(inventory, self._unhealthy)  # an API error is retried
         devices = await self._node_devices()
         self.preparer = Preparer(
             api, self.checkpoint, settings.cdi_spec_dir, settings.driver_name, self.node, devices
@@ -169,7 +169,7 @@ class DraDriver:
         )
         await self._report_health()
         if self.publisher is not None and self._inventory is not None:
-            await self.publisher.publish(self._inventory, self._desired())
+            await self.publisher.publish(self._inventory, self._unhealthy)
 
     async def heal_sockets(self) -> None:
         """Serve again on a socket deleted or replaced under the running driver (a kubelet
@@ -201,15 +201,14 @@ class DraDriver:
         inventory = keep_unhealthy_gpus(self._inventory, found, self._unhealthy)
         if inventory == self._inventory:
             return False
-        plan = build_plan(inventory, self._config)
-        self._inventory, self._plan = inventory, dict(plan.resources)
+        self._inventory = inventory
         if self._monitor is not None:
             self._monitor.update_inventory(inventory)
         self.preparer.use(await self._node_devices())
         await self._report_health()
         log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
         if self.publisher is not None:
-            await self.publisher.publish(inventory, self._desired())
+            await self.publisher.publish(inventory, self._unhealthy)
         return True
 
     # --- internals ------------------------------------------------------------------------------
@@ -225,9 +224,7 @@ class DraDriver:
             options.dev_root,
             proc_root(self._host),
         )
-        return NodeDevices.build(
-            self._inventory, self._plan, scan, options, self.settings.driver_name
-        )
+        return NodeDevices.build(self._inventory, scan, options)
 
     async def _report_health(self) -> None:
         """The kubelet's health streams (`devicehealth.py`) get the devices' health now."""
@@ -244,9 +241,6 @@ class DraDriver:
             lambda overrides: load_config(settings.config_file, overrides, settings.env),
         )
         return parsed
-
-    def _desired(self) -> dict[str, ResourceSet]:
-        return apply_health(self._plan, self._unhealthy)
 
     def _start_monitor(self, policy: HealthPolicy, recovery_after: float | None) -> None:
         if self._nvml is None or self._inventory is None:

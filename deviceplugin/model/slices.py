@@ -1,41 +1,41 @@
 """The node's devices as DRA sees them: `resource.k8s.io/v1` devices and ResourceSlices.
 
-The devices come from the same plan the device plugin serves (`resources.build_plan` with
-health applied), so the MIG strategy decides here too whether a MIG-enabled GPU is published
-whole (`none`) or as its MIG devices (`single`, `mixed`), and a device the plugin marks
-Unhealthy is published `healthy: false`. Replicas of time-slicing collapse to the physical device
-behind them: DRA shares through claims, not through copies.
+A DRA driver describes the hardware as it is, so the devices come from the inventory alone,
+never from the device plugin's MIG strategy, renames or time-slicing: a GPU with MIG disabled is
+one `gpu` device, a GPU with MIG enabled is its MIG devices (and none while it has no MIG
+device), each physical device once. Health comes as UUID -> reason; a MIG device is unhealthy
+when it or its parent GPU is.
 
 Attributes are chosen so that two families of DeviceClasses select devices unchanged:
 
 - NVIDIA's DRA driver's, unqualified (so in the driver's domain, `gpu.nvidia.com` by default):
   `type` (`gpu` / `mig`), `uuid`, `productName`, `architecture`, `cudaComputeCapability`,
   `driverVersion`, `cudaDriverVersion` (versions, semver-normalised as NVIDIA does), `index`,
-  `minor` (GPU), `parentUUID`, `profile`, `parentIndex` (MIG), capacity `memory`;
+  `minor` (GPU), `parentUUID`, `profile`, `parentIndex` (MIG), `pcieBusID`, capacity `memory`;
 - the seed's, in `nvidia.com`: `migProfile` (empty for a whole GPU), `parentUUID` (the GPU the
   device lives on: itself for a whole GPU) and `healthy`. Every device carries all three, so
   a selector such as `device.attributes['nvidia.com'].migProfile == '1g.10gb'` evaluates on
   every device instead of failing on a whole GPU (a CEL error aborts the allocation).
 
-Topology, for a claim's `matchAttribute`: `resource.kubernetes.io/pciBusID` (the standard
-name), and in `nvidia.com`: `numaNode` (when known), `pcieRoot` and `nvlinkIsland`, each the
-lowest GPU index of its group: GPUs under one PCIe host bridge (NVML's common ancestor at
-HOSTBRIDGE or closer), GPUs joined by NVLink (directly or through NVSwitch). A MIG device
-carries its GPU's values.
+Topology, for a claim's `matchAttribute`: the standard `resource.kubernetes.io/pciBusID` and
+`resource.kubernetes.io/numaNode` (when known), and in `nvidia.com`: `numaNode`, `pcieRoot` and
+`nvlinkIsland`, the last two the lowest GPU index of their group: GPUs under one PCIe host bridge
+(NVML's common ancestor at HOSTBRIDGE or closer), GPUs joined by NVLink (directly or through
+NVSwitch). A MIG device carries its GPU's values.
 
-An unhealthy device also gets a `NoSchedule` taint `<driver>/unhealthy` (the v1 `taints` field,
-honoured where the DRADeviceTaints gate is on and dropped by the API server where it is off).
-Slices are cut at the API's limits: 128 devices, or 64 when a slice holds a tainted device.
+An unhealthy device also gets a taint `<driver>/unhealthy=<reason>` with the effect asked for
+(`NoSchedule` by default, `NoExecute`, or none at all), in the v1 `taints` field the API server
+keeps where the DRADeviceTaints gate is on (GA in 1.37) and drops where it is off. Slices are cut
+at the API's limits: 128 devices, or 64 when a slice holds a tainted device.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
 
-from deviceplugin.model.devices import Device, Gpu, Inventory, MigDevice, PcieLevel
-from deviceplugin.model.resources import ResourceSet
+from deviceplugin.model.devices import Gpu, Inventory, MigDevice, PcieLevel
 
 DRIVER = "gpu.nvidia.com"
 SEED_DOMAIN = "nvidia.com"
@@ -44,6 +44,10 @@ API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, for a slice where any device has taints
 MAX_ATTRIBUTES_AND_CAPACITIES = 32  # per device
+
+TaintEffect = Literal["NoSchedule", "NoExecute"]
+TAINT_EFFECTS: tuple[TaintEffect, ...] = ("NoSchedule", "NoExecute")
+DEFAULT_TAINT: TaintEffect = "NoSchedule"
 
 JsonObject = dict[str, Any]
 
@@ -64,22 +68,36 @@ _BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), 
 
 
 def build_devices(
-    inventory: Inventory, resources: Mapping[str, ResourceSet], driver: str = DRIVER
+    inventory: Inventory,
+    unhealthy: Mapping[str, str] | None = None,
+    driver: str = DRIVER,
+    taint: TaintEffect | None = DEFAULT_TAINT,
 ) -> list[JsonObject]:
-    """One v1 Device per physical device the plan advertises, in GPU, then MIG index order."""
-    physical: dict[str, Device] = {}
-    for resource in resources.values():
-        for device in resource.devices:
-            known = physical.get(device.physical_uuid)
-            if known is None or (known.healthy and not device.healthy):
-                physical[device.physical_uuid] = device
-    gpus = {gpu.uuid: gpu for gpu in inventory.gpus}
+    """One v1 Device per physical device of the node, in GPU, then MIG index order; a device
+    whose UUID or parent GPU's UUID is in `unhealthy` (UUID -> reason) is published unhealthy,
+    tainted with `taint` unless that is None."""
     groups = _Topology(inventory)
-    ordered = sorted(
-        (d for d in physical.values() if d.gpu_uuid in gpus),
-        key=lambda d: (d.gpu_index, d.mig.index if d.mig else -1),
-    )
-    return [_device(d, gpus[d.gpu_uuid], inventory, groups, driver) for d in ordered]
+    sick = unhealthy or {}
+    return [
+        _device(gpu, mig, inventory, groups, driver, _reason(gpu, mig, sick), taint)
+        for gpu, mig in physical_devices(inventory)
+    ]
+
+
+def physical_devices(inventory: Inventory) -> Iterator[tuple[Gpu, MigDevice | None]]:
+    """What the node has, as DRA publishes it: each GPU with MIG disabled (mig None), and
+    each MIG device of a GPU with MIG enabled."""
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        if not gpu.mig_enabled:
+            yield gpu, None
+            continue
+        yield from ((gpu, mig) for mig in sorted(gpu.mig_devices, key=lambda m: m.index))
+
+
+def _reason(gpu: Gpu, mig: MigDevice | None, unhealthy: Mapping[str, str]) -> str | None:
+    """Why the device is unhealthy (its own reason first, else its GPU's); None if healthy."""
+    own = unhealthy.get(mig.uuid) if mig is not None else None
+    return own if own is not None else unhealthy.get(gpu.uuid)
 
 
 def build_slices(
@@ -192,11 +210,16 @@ def _components(indices: Iterable[int], edges: Iterable[tuple[int, int]]) -> dic
 
 
 def _device(
-    device: Device, gpu: Gpu, inventory: Inventory, groups: _Topology, driver: str
+    gpu: Gpu,
+    mig: MigDevice | None,
+    inventory: Inventory,
+    groups: _Topology,
+    driver: str,
+    reason: str | None,
+    taint: TaintEffect | None,
 ) -> JsonObject:
-    mig = device.mig
     attributes: dict[str, JsonObject] = {"type": {"string": "gpu" if mig is None else "mig"}}
-    attributes["uuid"] = {"string": device.physical_uuid}
+    attributes["uuid"] = {"string": gpu.uuid if mig is None else mig.uuid}
     if mig is not None:
         attributes["parentUUID"] = {"string": gpu.uuid}
         attributes["profile"] = {"string": mig.profile}
@@ -214,10 +237,14 @@ def _device(
     else:
         attributes["index"] = {"int": mig.index}
         attributes["parentIndex"] = {"int": gpu.index}
-    attributes[f"{STANDARD_DOMAIN}/pciBusID"] = {"string": _sysfs_bus_id(gpu.pci_bus_id)}
+    bus_id = _sysfs_bus_id(gpu.pci_bus_id)
+    attributes["pcieBusID"] = {"string": bus_id}
+    attributes[f"{STANDARD_DOMAIN}/pciBusID"] = {"string": bus_id}
+    if gpu.numa_node is not None:
+        attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
     attributes[f"{SEED_DOMAIN}/migProfile"] = {"string": mig.profile if mig else ""}
     attributes[f"{SEED_DOMAIN}/parentUUID"] = {"string": gpu.uuid}
-    attributes[f"{SEED_DOMAIN}/healthy"] = {"bool": device.healthy}
+    attributes[f"{SEED_DOMAIN}/healthy"] = {"bool": reason is None}
     if gpu.numa_node is not None:
         attributes[f"{SEED_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
     attributes[f"{SEED_DOMAIN}/pcieRoot"] = {"int": groups.pcie[gpu.index]}
@@ -228,13 +255,9 @@ def _device(
         "attributes": attributes,
         "capacity": {"memory": {"value": quantity(memory_mib << 20)}},
     }
-    if not device.healthy:
+    if reason is not None and taint is not None:
         published["taints"] = [
-            {
-                "key": f"{driver}/unhealthy",
-                "value": label_value(device.reason),
-                "effect": "NoSchedule",
-            }
+            {"key": f"{driver}/unhealthy", "value": label_value(reason), "effect": taint}
         ]
     return published
 
