@@ -303,7 +303,13 @@ def test_a_claim_gets_at_most_32_devices() -> None:
     every = {"all": DeviceClass("all", (Selector("true"),))}
     assert len(allocate(claim(exact("a", "all", 32)), every, on_node).devices["a"]) == 32
     assert allocate(claim(exact("a", "all", None)), every, on_node).devices["a"]
-    assert "not enough devices" in allocate(claim(exact("a", "all", 33)), every, on_node).failure
+    too_many = allocate(claim(exact("a", "all", 33)), every, on_node).failure
+    assert "a: 33 wanted, 32 match (a claim gets at most 32 devices)" in too_many
+    big = [
+        Candidate(f"d-{n}", "x", {"driver": "x", "attributes": {}, "capacity": {}}, {})
+        for n in range(40)
+    ]
+    assert "at most 32" in allocate(claim(exact("a", "all", None)), every, big).failure
 
 
 # --- dra explain, end to end --------------------------------------------------------------------

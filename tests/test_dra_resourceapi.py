@@ -346,6 +346,10 @@ def test_bad_usage_of_explain_is_a_message_not_a_traceback(
     args = ["dra", "explain", "--class", str(CLASSES)]
     assert main([*args, "--simulate", "no-such-preset"]) == 2
     assert "no-such-preset" in capsys.readouterr().err
+    node = tmp_path / "node.yaml"
+    node.write_text("[1]\n")
+    assert main([*args, "--simulate", str(node)]) == 2
+    assert f"--simulate {node}: " in capsys.readouterr().err
     assert main(args) == 2
     assert "needs --simulate" in capsys.readouterr().err
     bad_config = tmp_path / "config.yaml"

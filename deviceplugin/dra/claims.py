@@ -310,9 +310,11 @@ class _Search:
         usable = len({d.name for d in matching} - {d.name for d in (*tainted, *busy)})
         wanted = "all" if choice.count is None else str(choice.count)
         part = f"{choice.name}: {wanted} wanted, {len(matching)} match"
+        too_many = (choice.count or len(matching)) > MAX_RESULTS
         left_out = [
             f"{len(tainted)} tainted without a toleration" if tainted else "",
             f"{len(busy)} held by an earlier claim" if busy else "",
+            f"a claim gets at most {MAX_RESULTS} devices" if too_many else "",
         ]
         if any(left_out):
             part += f" ({', '.join(text for text in left_out if text)})"

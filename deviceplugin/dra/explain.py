@@ -117,8 +117,11 @@ def build_report(options: ExplainOptions) -> JsonObject:
 def node_devices(options: ExplainOptions) -> list[JsonObject]:
     """The devices `dra serve` would publish on the simulated node, health applied."""
     load_config(options.config_file, {}, options.env)  # refused as `dra serve` would refuse it
-    nvml = open_nvml(options.simulate)
-    nvml.init()
+    try:
+        nvml = open_nvml(options.simulate)
+        nvml.init()
+    except DevicePluginError as err:
+        raise ConfigError(f"--simulate {options.simulate}", str(err)) from err
     try:
         inventory = discover(nvml)
     finally:
