@@ -28,7 +28,31 @@ CLAIMS = {
         ),
     ),
     "uid-2": PreparedClaim("default", "none-of-ours", ()),
+    "uid-3": PreparedClaim(
+        "team-b",
+        "set-up",
+        (
+            PreparedDevice(
+                ("gpu",), "node-1", "gpu-5", ("k/c=uid-3-gpu-5-s",), share_id="s", interval="Long"
+            ),
+            PreparedDevice(("mon",), "node-1", "gpu-6", ("k/c=uid-3-gpu-6",), admin_access=True),
+        ),
+    ),
 }
+
+
+def test_a_checkpoint_without_the_setup_keys_loads_with_their_defaults(tmp_path: Path) -> None:
+    """A file written before devices recorded their setup: same version, same checksum rule."""
+    path = tmp_path / "checkpoint.json"
+    Checkpoint(path).save({"uid-1": CLAIMS["uid-1"]})
+    document = json.loads(path.read_text())
+    assert set(document["data"]["claims"]["uid-1"]["devices"][0]) == {
+        "requests",
+        "pool",
+        "device",
+        "cdiDeviceIDs",
+    }
+    assert Checkpoint(path).load() == {"uid-1": CLAIMS["uid-1"]}
 
 
 def test_a_saved_checkpoint_loads_back_and_leaves_no_temp_file(tmp_path: Path) -> None:

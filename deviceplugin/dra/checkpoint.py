@@ -8,7 +8,9 @@ or the new one), and loaded at start-up.
 
 The file is `{"version": 1, "checksum": "sha256:<hex>", "data": {"claims": {<uid>: ...}}}`;
 the checksum covers `data` serialised with sorted keys and no spaces, so a torn or edited file
-is detected (`CheckpointError`) instead of answering the kubelet from garbage.
+is detected (`CheckpointError`) instead of answering the kubelet from garbage. Each device also
+records how it was set up, each key only when set (`adminAccess`, `shareID`, `sharing`,
+`timeSliceInterval`), so files written before these existed load unchanged.
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ class CheckpointError(DevicePluginError):
 
 @dataclass(frozen=True)
 class PreparedDevice:
-    """One allocated device as NodePrepareResources reports it."""
+    """One allocated device as NodePrepareResources reports it, and how it was set up."""
 
     requests: tuple[str, ...]
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    admin_access: bool = False
+    share_id: str = ""
+    sharing: str = ""  # "TimeSlicing", or "" when not shared
+    interval: str = ""  # the GPU's time slice when time-sliced
 
 
 @dataclass(frozen=True)
@@ -94,16 +100,25 @@ def _entry(claim: PreparedClaim) -> dict[str, Any]:
     return {
         "namespace": claim.namespace,
         "name": claim.name,
-        "devices": [
-            {
-                "requests": list(d.requests),
-                "pool": d.pool,
-                "device": d.device,
-                "cdiDeviceIDs": list(d.cdi_ids),
-            }
-            for d in claim.devices
-        ],
+        "devices": [_device_entry(d) for d in claim.devices],
     }
+
+
+def _device_entry(device: PreparedDevice) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "requests": list(device.requests),
+        "pool": device.pool,
+        "device": device.device,
+        "cdiDeviceIDs": list(device.cdi_ids),
+    }
+    optional = {
+        "adminAccess": device.admin_access,
+        "shareID": device.share_id,
+        "sharing": device.sharing,
+        "timeSliceInterval": device.interval,
+    }
+    entry.update({key: value for key, value in optional.items() if value})
+    return entry
 
 
 def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
@@ -116,6 +131,10 @@ def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
                 pool=str(d["pool"]),
                 device=str(d["device"]),
                 cdi_ids=tuple(str(i) for i in d["cdiDeviceIDs"]),
+                admin_access=d.get("adminAccess") is True,
+                share_id=str(d.get("shareID", "")),
+                sharing=str(d.get("sharing", "")),
+                interval=str(d.get("timeSliceInterval", "")),
             )
             for d in entry["devices"]
         ),

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from deviceplugin.dra.checkpoint import PreparedDevice
 from deviceplugin.dra.devicehealth import HealthReporter
 from deviceplugin.dra.prepare import ClaimRef, Preparer
 from deviceplugin.dra.registration import DRA_SOCKET_NAME
@@ -55,15 +56,7 @@ class _Service:
             if outcome.error:
                 entry.error = outcome.error
                 continue
-            entry.devices.extend(
-                self._messages.Device(
-                    request_names=list(d.requests),
-                    pool_name=d.pool,
-                    device_name=d.device,
-                    cdi_device_ids=list(d.cdi_ids),
-                )
-                for d in outcome.devices
-            )
+            entry.devices.extend(self._device(d) for d in outcome.devices)
         return response
 
     async def NodeUnprepareResources(
@@ -78,6 +71,20 @@ class _Service:
         for uid, error in errors.items():
             response.claims[uid].error = error
         return response
+
+
+    def _device(self, device: PreparedDevice) -> Any:
+        """The kubelet's Device; in v1 with the share ID of a shared device (v1beta1 has no
+        field for it)."""
+        message = self._messages.Device(
+            request_names=list(device.requests),
+            pool_name=device.pool,
+            device_name=device.device,
+            cdi_device_ids=list(device.cdi_ids),
+        )
+        if device.share_id and "share_id" in message.DESCRIPTOR.fields_by_name:
+            message.share_id = device.share_id
+        return message
 
 
 def _refs(request: Any) -> list[ClaimRef]:

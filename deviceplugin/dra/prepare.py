@@ -7,8 +7,10 @@ checkpoints the answer. CDI names, for driver `gpu.nvidia.com`:
 
 - kind `k8s.gpu.nvidia.com/claim`, so they never collide with the device plugin's
   `k8s.device-plugin.nvidia.com/gpu` spec on the same node;
-- one device `<claim-uid>-<device>` per allocated device (`<uid>-gpu-0`, `<uid>-gpu-0-mig-7-0`)
-  carrying its device nodes, and the driver's common edits at spec level (applied once when any
+- one device `<claim-uid>-<device>` per allocated device (`<uid>-gpu-0`, `<uid>-gpu-0-mig-7-0`;
+  `<uid>-<device>-<share-id>` for one share of a shared device) carrying its device nodes and
+  the environment of its settings (`opaque.py`: time-slicing from the opaque config, admin
+  access, the share ID), and the driver's common edits at spec level (applied once when any
   device of the claim is injected);
 - file `k8s.gpu.nvidia.com-claim_<uid>.json` in the CDI directory (the transient-spec name CDI
   libraries use), so Unprepare finds it from the UID alone, even without a checkpoint entry.
@@ -38,6 +40,15 @@ from deviceplugin.dra.checkpoint import (
     PreparedDevice,
 )
 from deviceplugin.dra.kubeapi import KubeApiError
+from deviceplugin.dra.opaque import (
+    EXCLUSIVE,
+    ConfigEntry,
+    DeviceSettings,
+    OpaqueConfigError,
+    device_env,
+    read_entries,
+    settings_for,
+)
 from deviceplugin.model.cdi import (
     CdiError,
     CdiOptions,
@@ -57,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 CDI_CLASS = "claim"
+RESULTS_PATH = "status.allocation.devices.results"
 
 
 class ClaimReader(Protocol):
@@ -143,8 +155,9 @@ def spec_file_name(driver: str, uid: str) -> str:
     return f"k8s.{driver}-{CDI_CLASS}_{uid}.json"
 
 
-def cdi_device_name(uid: str, device: str) -> str:
-    return f"{uid}-{device}"
+def cdi_device_name(uid: str, device: str, share: str = "") -> str:
+    """`<uid>-<device>`, and `-<share ID>` for one share of a shared device."""
+    return f"{uid}-{device}-{share}" if share else f"{uid}-{device}"
 
 
 class Preparer:
@@ -216,7 +229,7 @@ class Preparer:
                 try:
                     if isinstance(found, PrepareError):
                         raise found
-                    fresh[ref.uid] = self._prepare(ref, found)
+                    fresh[ref.uid] = self._prepare(ref, found, {**self._claims, **fresh})
                 except PrepareError as err:
                     log_event(
                         logger,
@@ -282,8 +295,11 @@ class Preparer:
                 return PrepareError(f"ResourceClaim {ref} not found")
             return PrepareError(f"reading ResourceClaim {ref}: {err}")
 
-    def _prepare(self, ref: ClaimRef, claim: JsonObject) -> PreparedClaim:
-        """Write the claim's spec; the checkpoint is written by the caller. Raises PrepareError."""
+    def _prepare(
+        self, ref: ClaimRef, claim: JsonObject, others: Mapping[str, PreparedClaim]
+    ) -> PreparedClaim:
+        """Write the claim's spec; the checkpoint is written by the caller. `others` are the
+        claims prepared so far. Raises PrepareError."""
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
             raise PrepareError(
@@ -292,39 +308,90 @@ class Preparer:
         allocation = (claim.get("status") or {}).get("allocation")
         if not allocation:
             raise PrepareError(f"ResourceClaim {ref} is not allocated")
-        results = [
-            r
-            for r in ((allocation.get("devices") or {}).get("results") or [])
-            if r.get("driver") == self.driver
-        ]
-        kind = cdi_kind(self.driver)
+        allocated = allocation.get("devices") or {}
+        try:
+            entries = read_entries(allocated, self.driver)
+        except OpaqueConfigError as err:
+            raise PrepareError(f"ResourceClaim {ref}: {err}") from err
         devices = []
         edits: dict[str, JsonObject] = {}
-        for result in results:
-            name, pool = str(result.get("device", "")), str(result.get("pool", ""))
-            found = self._devices.by_name.get(name) if pool == self.pool else None
-            if found is None:
-                raise PrepareError(
-                    f"ResourceClaim {ref}: device {name!r} of pool {pool!r} is not a device "
-                    f"{self.driver} publishes on this node (pool {self.pool!r})"
-                )
-            cdi_name = cdi_device_name(ref.uid, name)
-            if cdi_name not in edits:
-                try:
-                    edits[cdi_name] = device_edits(*found, *self._devices.cdi)
-                except CdiError as err:
-                    raise PrepareError(f"ResourceClaim {ref}: {err}") from err
-            devices.append(
-                PreparedDevice(
-                    requests=(str(result.get("request", "")),),
-                    pool=pool,
-                    device=name,
-                    cdi_ids=(f"{kind}={cdi_name}",),
-                )
-            )
+        for index, result in enumerate(allocated.get("results") or []):
+            if result.get("driver") != self.driver:
+                continue
+            device, cdi_name, device_edits = self._result(ref, index, result, entries, others)
+            edits.setdefault(cdi_name, device_edits)
+            devices.append(device)
         if edits:
-            self._write_spec(ref, kind, edits)
+            self._write_spec(ref, cdi_kind(self.driver), edits)
         return PreparedClaim(ref.namespace, ref.name, tuple(devices))
+
+    def _result(
+        self,
+        ref: ClaimRef,
+        index: int,
+        result: JsonObject,
+        entries: Sequence[ConfigEntry],
+        others: Mapping[str, PreparedClaim],
+    ) -> tuple[PreparedDevice, str, JsonObject]:
+        """One allocation result of ours: the device as the kubelet is told of it, its CDI
+        device name and edits. Admin access gets the device as it is (no sharing settings: a
+        monitor must not change how others share it); a share ID names its own CDI device."""
+        name, pool = str(result.get("device", "")), str(result.get("pool", ""))
+        request = str(result.get("request", ""))
+        found = self._devices.by_name.get(name) if pool == self.pool else None
+        if found is None:
+            raise PrepareError(
+                f"ResourceClaim {ref}: device {name!r} of pool {pool!r} is not a device "
+                f"{self.driver} publishes on this node (pool {self.pool!r})"
+            )
+        share = str(result.get("shareID") or "")
+        if share and (problem := uid_problem(share)) is not None:
+            raise PrepareError(f"ResourceClaim {ref}: {RESULTS_PATH}[{index}].shareID: {problem}")
+        admin = result.get("adminAccess") is True
+        try:
+            settings = EXCLUSIVE if admin else settings_for(entries, request, name, bool(found[1]))
+            edits = device_edits(*found, *self._devices.cdi)
+        except (OpaqueConfigError, CdiError) as err:
+            raise PrepareError(f"ResourceClaim {ref}: {err}") from err
+        self._check_time_slice(ref, name, settings, others)
+        env = device_env(name, settings, admin, share)
+        if env:
+            edits["env"] = env
+        cdi_name = cdi_device_name(ref.uid, name, share)
+        device = PreparedDevice(
+            requests=(request,),
+            pool=pool,
+            device=name,
+            cdi_ids=(f"{cdi_kind(self.driver)}={cdi_name}",),
+            admin_access=admin,
+            share_id=share,
+            sharing=settings.sharing,
+            interval=settings.interval,
+        )
+        return device, cdi_name, edits
+
+    def _check_time_slice(
+        self,
+        ref: ClaimRef,
+        name: str,
+        settings: DeviceSettings,
+        others: Mapping[str, PreparedClaim],
+    ) -> None:
+        """A GPU has one time slice: a claim may not ask another one than a claim prepared on
+        the same GPU runs. Raises PrepareError naming both."""
+        if not settings.interval:
+            return
+        for uid, claim in others.items():
+            for device in claim.devices:
+                if uid != ref.uid and device.device == name and device.interval not in (
+                    "",
+                    settings.interval,
+                ):
+                    raise PrepareError(
+                        f"ResourceClaim {ref}: {settings.origin} asks time slice "
+                        f"{settings.interval} for {name}, which runs {device.interval} for "
+                        f"ResourceClaim {claim.namespace}/{claim.name}"
+                    )
 
     def _write_spec(self, ref: ClaimRef, kind: str, edits: Mapping[str, JsonObject]) -> None:
         spec: JsonObject = {

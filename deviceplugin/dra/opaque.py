@@ -1,0 +1,220 @@
+"""Opaque device configuration: how a claim, or its DeviceClass, asks this driver to set up the
+devices it was allocated, in a versioned API of this driver, validated with a field path.
+
+An allocation carries `status.allocation.devices.config[]`: the class's entries
+(`source: FromClass`), then the claim's (`FromClaim`), each for some requests (all of them when
+`requests` is empty; a request `main` covers its subrequests `main/<sub>`), each
+`opaque: {driver, parameters}`. Entries for other drivers are theirs. Ours read:
+
+    apiVersion: deviceplugin.nvidia.com/v1alpha1    # this driver's API
+    kind: GpuConfig                                 # a whole GPU; MigDeviceConfig: a MIG device
+    sharing:                                        # optional: without it, nothing is shared
+      strategy: TimeSlicing                         # the one strategy
+      timeSlicingConfig:                            # GpuConfig only
+        interval: Default                           # Default, Short, Medium or Long
+
+NVIDIA's DRA driver's `resource.nvidia.com/v1beta1` GpuConfig and MigDeviceConfig have this
+shape, so parameters written for it are accepted as they are (its MPS strategy is refused: this
+driver runs no MPS daemon). Every entry of ours is validated, used or not, so a typo is an error
+(`OpaqueConfigError`, whose path starts at `status.allocation.devices.config[<i>]`), not a
+silently unshared GPU. A device takes the last entry that covers its request, claim entries
+after class entries, so a claim overrides its class; a GpuConfig that reaches a MIG device, or a
+MigDeviceConfig a GPU, is an error naming the entry and the device.
+
+How the settings take effect: they are recorded with the prepared claim (the checkpoint) and
+handed to the container in its CDI device's environment (`device_env`), for the workload and
+the tools that set the GPU's scheduler; the driver does not change the GPU's time slice itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from deviceplugin.model.errors import DevicePluginError
+
+API_VERSION = "deviceplugin.nvidia.com/v1alpha1"
+NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"  # NVIDIA's DRA driver's, accepted as well
+API_VERSIONS = (API_VERSION, NVIDIA_API_VERSION)
+TIME_SLICING = "TimeSlicing"
+CONFIG_PATH = "status.allocation.devices.config"
+SOURCES = ("FromClass", "FromClaim")  # the order in which entries apply
+
+Interval = Literal["Default", "Short", "Medium", "Long"]
+
+
+class OpaqueConfigError(DevicePluginError):
+    """An opaque configuration entry of this driver is invalid; `path` names the field."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}")
+
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """How one allocated device is set up: shared by time-slicing or not, with a GPU's time
+    slice; `origin` is the config entry that said so ("" for the default, exclusive)."""
+
+    sharing: str = ""  # "TimeSlicing", or "" for not shared
+    interval: str = ""  # a GPU's time slice when time-sliced: Default, Short, Medium or Long
+    origin: str = ""
+
+
+EXCLUSIVE = DeviceSettings()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class _TimeSlicingConfig(_Model):
+    interval: Interval = "Default"
+
+
+class _Sharing(_Model):
+    strategy: str
+
+    @field_validator("strategy")
+    @classmethod
+    def _time_slicing(cls, value: str) -> str:
+        if value == "MPS":
+            raise ValueError("MPS is not supported by this driver; the one strategy is TimeSlicing")
+        if value != TIME_SLICING:
+            raise ValueError(f"must be 'TimeSlicing', got {value!r}")
+        return value
+
+
+class _GpuSharing(_Sharing):
+    time_slicing_config: _TimeSlicingConfig | None = Field(default=None, alias="timeSlicingConfig")
+
+
+class _GpuConfig(_Model):
+    api_version: str = Field(alias="apiVersion")
+    kind: Literal["GpuConfig"]
+    sharing: _GpuSharing | None = None
+
+
+class _MigDeviceConfig(_Model):
+    api_version: str = Field(alias="apiVersion")
+    kind: Literal["MigDeviceConfig"]
+    sharing: _Sharing | None = None
+
+
+_TYPES = {"string_type": "a string", "model_type": "a mapping", "dict_type": "a mapping"}
+_KINDS: dict[str, type[_GpuConfig] | type[_MigDeviceConfig]] = {
+    "GpuConfig": _GpuConfig,
+    "MigDeviceConfig": _MigDeviceConfig,
+}
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    """One validated entry of this driver: where it is, whom it covers, what it says."""
+
+    path: str  # status.allocation.devices.config[<i>]
+    requests: tuple[str, ...]
+    kind: str
+    settings: DeviceSettings
+
+    def covers(self, request: str) -> bool:
+        return (
+            not self.requests
+            or request in self.requests
+            or (request.partition("/")[0] in self.requests)
+        )
+
+
+def read_entries(devices: Mapping[str, Any], driver: str) -> list[ConfigEntry]:
+    """This driver's entries of `allocation.devices`, validated, in the order they apply (class
+    entries, then claim entries). Raises OpaqueConfigError."""
+    found: list[tuple[int, int, ConfigEntry]] = []
+    for index, entry in enumerate(devices.get("config") or []):
+        opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
+        if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
+            continue
+        path = f"{CONFIG_PATH}[{index}]"
+        source = entry.get("source")
+        rank = SOURCES.index(source) if source in SOURCES else len(SOURCES)
+        kind, settings = _parse(opaque.get("parameters"), f"{path}.opaque.parameters")
+        requests = tuple(str(r) for r in entry.get("requests") or ())
+        found.append((rank, index, ConfigEntry(path, requests, kind, settings)))
+    return [entry for _, _, entry in sorted(found, key=lambda item: item[:2])]
+
+
+def settings_for(
+    entries: Sequence[ConfigEntry], request: str, device: str, is_mig: bool
+) -> DeviceSettings:
+    """What the last entry covering `request` says for `device` (a MIG device when `is_mig`);
+    EXCLUSIVE when none does. Raises OpaqueConfigError for an entry of the other kind."""
+    chosen = next((e for e in reversed(entries) if e.covers(request)), None)
+    if chosen is None:
+        return EXCLUSIVE
+    wanted = "MigDeviceConfig" if is_mig else "GpuConfig"
+    if chosen.kind != wanted:
+        what = "a MIG device" if is_mig else "a whole GPU"
+        raise OpaqueConfigError(
+            f"{chosen.path}.opaque.parameters.kind",
+            f"{chosen.kind} does not apply to {device} (request {request!r}), {what}; use {wanted}",
+        )
+    return chosen.settings
+
+
+def _parse(parameters: object, path: str) -> tuple[str, DeviceSettings]:
+    if not isinstance(parameters, Mapping):
+        raise OpaqueConfigError(
+            path, f"must be a mapping with apiVersion and kind, got {parameters!r}"
+        )
+    version = parameters.get("apiVersion")
+    if version not in API_VERSIONS:
+        raise OpaqueConfigError(
+            f"{path}.apiVersion",
+            f"must be {API_VERSION} (or NVIDIA's {NVIDIA_API_VERSION}), got {version!r}",
+        )
+    kind = parameters.get("kind")
+    model = _KINDS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise OpaqueConfigError(
+            f"{path}.kind", f"must be GpuConfig or MigDeviceConfig, got {kind!r}"
+        )
+    try:
+        parsed = model.model_validate(parameters, strict=True)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if first["type"] == "literal_error":
+            expected = (first.get("ctx") or {}).get("expected")
+            message = f"must be {expected}, got {first.get('input')!r}"
+        elif first["type"] == "extra_forbidden":
+            message = "is not a field of this API"
+        elif first["type"] in _TYPES:
+            message = f"must be {_TYPES[first['type']]}, got {first.get('input')!r}"
+        raise OpaqueConfigError(f"{path}{where}", message) from None
+    origin = path.removesuffix(".opaque.parameters")
+    if parsed.sharing is None:
+        return parsed.kind, DeviceSettings(origin=origin)
+    interval = ""
+    if isinstance(parsed, _GpuConfig):
+        slicing = parsed.sharing.time_slicing_config
+        interval = slicing.interval if slicing is not None else "Default"
+    return parsed.kind, DeviceSettings(TIME_SLICING, interval, origin)
+
+
+def device_env(device: str, settings: DeviceSettings, admin: bool, share: str) -> list[str]:
+    """The environment that comes with `device` in its CDI device: `DRA_<DEVICE>_` followed by
+    SHARING_STRATEGY, TIMESLICE_INTERVAL, ADMIN_ACCESS (`true`) and SHARE_ID, each only when set;
+    `<DEVICE>` is the device name upper-cased, other characters as `_` (`gpu-0-mig-7-0` ->
+    `GPU_0_MIG_7_0`), so the variables of several devices in one container do not collide."""
+    prefix = "DRA_" + re.sub(r"[^A-Z0-9]", "_", device.upper())
+    values = {
+        "SHARING_STRATEGY": settings.sharing,
+        "TIMESLICE_INTERVAL": settings.interval,
+        "ADMIN_ACCESS": "true" if admin else "",
+        "SHARE_ID": share,
+    }
+    return [f"{prefix}_{name}={value}" for name, value in values.items() if value]
