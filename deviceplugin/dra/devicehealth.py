@@ -12,7 +12,7 @@ messages in another proto package, so one implementation, given each version's m
 both (as `plugin.py` does for DRAPlugin).
 
 A device is unhealthy while its UUID, or its GPU's for a MIG device, is marked unhealthy by the
-health monitor; the reason (an Xid and what it means) is the message.
+health monitor; its reason (`xid-79`, `xid-95: RESET_GPU`) is the message.
 """
 
 from __future__ import annotations
