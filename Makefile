@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo demo-dra lint bench protos image image-dra e2e cluster-images cluster cluster-down e2e-cluster clean
+.PHONY: test demo demo-dra lint bench protos image image-dra e2e cluster-images cluster cluster-down e2e-cluster bench-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,11 @@ cluster: $(STAMP)
 
 cluster-down:
 	e2e/cluster/cluster down
+
+# The real scheduler at scale on the running cluster (bench/cluster.py): 200 DRA claims over 20
+# nodes against 200 device-plugin pods on the real node, in one run.
+bench-cluster: $(STAMP)
+	$(PY) -m bench.cluster
 
 e2e-cluster: cluster
 	E2E_IMAGE=$(E2E_IMAGE) E2E_DRA_IMAGE=$(E2E_DRA_IMAGE) $(PY) -m pytest -p no:cacheprovider -v e2e/cluster; \

@@ -537,6 +537,8 @@ state = "{RUNTIME_STATE / "containerd"}"
                 # ConfigMap volumes follow an edit within seconds rather than a minute.
                 "syncFrequency": "10s",
                 "serializeImagePulls": False,
+                # bench/cluster.py runs 200 pods on this one node.
+                "maxPods": 250,
             },
             indent=2,
         )

@@ -1,0 +1,359 @@
+"""The DRA driver under the real kubelet, scheduler and API server (`make e2e-cluster`).
+
+Deployed as a user would (`kubectl apply -k manifests/overlays/simulated-node-dra`: the shipped
+DaemonSet, RBAC and DeviceClasses on a simulated a100-80gb-x8-mixed node), talking to the API
+server with its own service account. Checked through the API (ResourceSlices as the API server
+serves them, claims as the scheduler allocated them, pods as the kubelet ran them), the
+containers' own device nodes, and the driver's files on the host (CDI specs, checkpoint).
+Scenarios run in file order; the Xid comes last.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.sim.node import read_node, resolve_node_path
+from e2e.cluster.kube import (
+    EVENTS,
+    REPO,
+    SIMULATED_NODE,
+    Obj,
+    append_event,
+    apply,
+    cluster,
+    exec_in,
+    get,
+    kubectl,
+    pod,
+    pod_running,
+    wait_until,
+    workload_pod,
+)
+from e2e.runtime import LIST_NODES, device_nodes, expected_nodes
+
+NODE = read_node(resolve_node_path("a100-80gb-x8-mixed"))
+DRIVER_ROOT = SIMULATED_NODE / "root"
+OVERLAY = REPO / "manifests" / "overlays" / "simulated-node-dra"
+DRIVER = "gpu.nvidia.com"
+DRIVER_LABEL = "app.kubernetes.io/name=deviceplugin-dra"
+SYSTEM = ("-n", "kube-system")
+CDI_DIR = Path("/var/run/cdi")
+CHECKPOINT = Path("/var/lib/kubelet/plugins") / DRIVER / "checkpoint.json"
+SEED_CLASS = "mig-1g.10gb.nvidia.com"
+
+# The seed's own objects, as the seed wrote them: resource.k8s.io/v1beta1.
+SEED_DEVICE_CLASS: Obj = {
+    "apiVersion": "resource.k8s.io/v1beta1",
+    "kind": "DeviceClass",
+    "metadata": {"name": SEED_CLASS},
+    "spec": {
+        "selectors": [
+            {
+                "cel": {
+                    "expression": "device.attributes['nvidia.com'].migProfile == '1g.10gb' && "
+                    "device.attributes['nvidia.com'].healthy == true"
+                }
+            }
+        ]
+    },
+}
+SEED_TEMPLATE: Obj = {
+    "apiVersion": "resource.k8s.io/v1beta1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "mig-slice", "namespace": "default"},
+    "spec": {
+        "spec": {
+            "devices": {"requests": [{"name": "slice", "deviceClassName": SEED_CLASS, "count": 1}]}
+        }
+    },
+}
+PAIR_TEMPLATE: Obj = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "mig-pair", "namespace": "default"},
+    "spec": {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "pair", "exactly": {"deviceClassName": SEED_CLASS, "count": 2}}
+                ],
+                "constraints": [{"matchAttribute": "nvidia.com/parentUUID"}],
+            }
+        }
+    },
+}
+
+
+def claim_pod(name: str, template: str, labels: dict[str, str] | None = None) -> Obj:
+    """The seed's `digital-human-render` shape: one container holding a claim from a template,
+    with the workload image swapped for the local busybox."""
+    manifest = workload_pod(name, {})
+    manifest["metadata"]["labels"] = {"e2e": "dra-workload", **(labels or {})}
+    spec = manifest["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return manifest
+
+
+def driver_pod() -> Obj:
+    pods = get("pods", *SYSTEM, "-l", DRIVER_LABEL)["items"]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    found: Obj = pods[0]
+    return found
+
+
+def driver_ready() -> str | None:
+    found = driver_pod()
+    statuses = found["status"].get("containerStatuses", [])
+    ready = statuses and all(s["ready"] for s in statuses)
+    return str(found["metadata"]["name"]) if ready else None
+
+
+def slices() -> list[Obj]:
+    items: list[Obj] = get("resourceslices", f"--field-selector=spec.driver={DRIVER}")["items"]
+    return items
+
+
+def published() -> dict[str, Obj]:
+    """Every published device by name, from the current generation of the node's pool."""
+    found = slices()
+    newest = max(s["spec"]["pool"]["generation"] for s in found)
+    return {
+        device["name"]: device
+        for s in found
+        if s["spec"]["pool"]["generation"] == newest
+        for device in s["spec"]["devices"]
+    }
+
+
+def attribute(device: Obj, name: str) -> object:
+    value: Obj = device["attributes"][name]
+    return next(iter(value.values()))
+
+
+def allocated(pod_name: str) -> list[Obj]:
+    """The allocation results of the pod's claim, as the scheduler wrote them."""
+    statuses = pod(pod_name)["status"].get("resourceClaimStatuses", [])
+    claim = get("resourceclaim", statuses[0]["resourceClaimName"], "-n", "default")
+    results: list[Obj] = claim["status"]["allocation"]["devices"]["results"]
+    return results
+
+
+def claim_uid(pod_name: str) -> str:
+    statuses = pod(pod_name)["status"]["resourceClaimStatuses"]
+    return str(
+        get("resourceclaim", statuses[0]["resourceClaimName"], "-n", "default")["metadata"]["uid"]
+    )
+
+
+def seen(name: str) -> dict[str, tuple[int, int]]:
+    return device_nodes(exec_in(name, "sh", "-c", LIST_NODES))
+
+
+def expected_for(results: list[Obj]) -> dict[str, tuple[int, int]]:
+    devices = published()
+    nodes: dict[str, tuple[int, int]] = {}
+    for result in results:
+        uuid = str(attribute(devices[result["device"]], "uuid"))
+        nodes.update(expected_nodes(DRIVER_ROOT, NODE, uuid))
+    return nodes
+
+
+def prepared_in_checkpoint() -> set[str]:
+    if not CHECKPOINT.exists():
+        return set()
+    return set(json.loads(CHECKPOINT.read_text())["data"]["claims"])
+
+
+def cdi_spec_of(uid: str) -> Path:
+    return CDI_DIR / f"k8s.{DRIVER}-claim_{uid}.json"
+
+
+def start(manifest: Obj) -> str:
+    apply(manifest)
+    name = str(manifest["metadata"]["name"])
+    wait_until(f"pod {name} Running", lambda: pod_running(name), timeout=180)
+    return name
+
+
+def delete_dra_workloads() -> None:
+    kubectl(
+        "delete", "pod", "-n", "default", "-l", "e2e=dra-workload", "--wait=true", "--timeout=120s"
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def dra_driver() -> Iterator[None]:
+    EVENTS.write_text("")
+    kubectl("apply", "-k", str(OVERLAY))
+    wait_until("the driver pod Ready", driver_ready, timeout=240)
+    wait_until("the node's slices", lambda: len(published()) == 32, timeout=120)
+    apply(SEED_DEVICE_CLASS)
+    apply(SEED_TEMPLATE)
+    apply(PAIR_TEMPLATE)
+    yield
+    delete_dra_workloads()
+    kubectl("delete", "-k", str(OVERLAY), "--wait=true", "--timeout=120s", check=False)
+    EVENTS.write_text("")
+
+
+@pytest.fixture(autouse=True)
+def no_workloads_left() -> Iterator[None]:
+    yield
+    delete_dra_workloads()
+
+
+def test_slices_describe_every_gpu_and_mig_device_as_v1() -> None:
+    assert {s["apiVersion"] for s in slices()} == {"resource.k8s.io/v1"}
+    devices = {str(attribute(d, "uuid")): d for d in published().values()}
+    for gpu in NODE.gpus:
+        if not gpu.mig_enabled:
+            device = devices[gpu.uuid]
+            assert attribute(device, "type") == "gpu"
+            assert attribute(device, "nvidia.com/healthy") is True
+            continue
+        assert gpu.uuid not in devices  # a MIG-enabled GPU is its MIG devices
+        for mig in gpu.mig_devices:
+            device = devices[mig.uuid]
+            assert attribute(device, "nvidia.com/migProfile") == mig.profile
+            assert attribute(device, "nvidia.com/parentUUID") == gpu.uuid
+            assert attribute(device, "nvidia.com/healthy") is True
+            assert device["capacity"]["memory"]["value"]
+    assert len(devices) == 32
+
+
+def test_slices_do_not_follow_the_device_plugins_mig_strategy() -> None:
+    configmap = (REPO / "manifests" / "config" / "configmap.yaml").read_text()
+    before = sorted(published())
+    try:
+        kubectl(
+            "apply", "-f", "-", stdin=configmap.replace("migStrategy: mixed", "migStrategy: none")
+        )
+        # The driver reloads the file; whatever it does with it, MIG devices stay published.
+        time.sleep(15)
+        assert sorted(published()) == before
+    finally:
+        kubectl("apply", "-f", "-", stdin=configmap)
+
+
+def test_seed_claim_template_gets_a_mig_device_the_container_sees() -> None:
+    name = start(claim_pod("digital-human-render", "mig-slice"))
+    results = allocated(name)
+    assert len(results) == 1 and results[0]["driver"] == DRIVER
+    device = published()[results[0]["device"]]
+    assert attribute(device, "nvidia.com/migProfile") == "1g.10gb"
+    assert seen(name) == expected_for(results)
+    uid = claim_uid(name)
+    assert cdi_spec_of(uid).exists()
+    assert uid in prepared_in_checkpoint()
+
+
+def test_a_pair_claim_gets_two_devices_of_one_gpu_ten_times() -> None:
+    for attempt in range(10):
+        name = start(claim_pod(f"pair-{attempt}", "mig-pair"))
+        results = allocated(name)
+        parents = {attribute(published()[r["device"]], "nvidia.com/parentUUID") for r in results}
+        assert len(results) == 2 and len(parents) == 1, results
+        assert seen(name) == expected_for(results)
+        delete_dra_workloads()
+
+
+def test_deleting_the_pod_unprepares_its_claim() -> None:
+    name = start(claim_pod("short-lived", "mig-slice"))
+    uid = claim_uid(name)
+    assert cdi_spec_of(uid).exists() and uid in prepared_in_checkpoint()
+    delete_dra_workloads()
+    wait_until("the claim's CDI spec removed", lambda: not cdi_spec_of(uid).exists())
+    assert uid not in prepared_in_checkpoint()
+
+
+def test_driver_pod_deleted_keeps_prepared_claims_and_unprepares_later() -> None:
+    name = start(claim_pod("outlives-driver", "mig-slice"))
+    uid, devices = claim_uid(name), seen(name)
+    old = driver_pod()["metadata"]["uid"]
+    kubectl("delete", "pod", *SYSTEM, "-l", DRIVER_LABEL, "--wait=true")
+    wait_until(
+        "a new driver pod Ready",
+        lambda: driver_ready() and driver_pod()["metadata"]["uid"] != old,
+        timeout=240,
+    )
+    assert uid in prepared_in_checkpoint() and cdi_spec_of(uid).exists()
+    assert seen(name) == devices
+    delete_dra_workloads()
+    wait_until("the claim unprepared by the new driver", lambda: not cdi_spec_of(uid).exists())
+    assert uid not in prepared_in_checkpoint()
+
+
+def test_kubelet_restart_re_registers_and_keeps_prepared_claims() -> None:
+    name = start(claim_pod("outlives-kubelet", "mig-slice"))
+    uid, devices = claim_uid(name), seen(name)
+    cluster("restart", "kubelet")
+    wait_until("its devices through the new kubelet", lambda: seen(name) == devices)
+    assert uid in prepared_in_checkpoint()
+    # Registered again: the restarted kubelet prepares a new claim through the driver.
+    fresh = start(claim_pod("after-restart", "mig-slice"))
+    assert seen(fresh) == expected_for(allocated(fresh))
+    assert pod(name)["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
+def test_xid_79_unpublishes_a_gpus_devices_for_new_claims_only() -> None:
+    running = start(claim_pod("before-xid", "mig-slice"))
+    devices = seen(running)
+    failing = next(gpu for gpu in NODE.gpus if gpu.mig_enabled)
+    own = {mig.uuid for mig in failing.mig_devices}
+    started = time.monotonic()
+    append_event({"uuid": failing.uuid, "xid": 79})
+
+    def unhealthy() -> bool:
+        flags = [
+            attribute(d, "nvidia.com/healthy")
+            for d in published().values()
+            if attribute(d, "uuid") in own
+        ]
+        return len(flags) == len(own) and not any(flags)
+
+    wait_until("the GPU's devices published unhealthy", unhealthy, timeout=30)
+    assert time.monotonic() - started <= 5, "published unhealthy later than 5 s after the Xid"
+
+    for n in range(3):
+        name = start(claim_pod(f"after-xid-{n}", "mig-slice"))
+        got = {attribute(published()[r["device"]], "uuid") for r in allocated(name)}
+        assert not got & own, got
+
+    on_failing_gpu = f"device.attributes['nvidia.com'].parentUUID == '{failing.uuid}'"
+    request = {
+        "name": "slice",
+        "exactly": {
+            "deviceClassName": "mig.nvidia.com",
+            "selectors": [{"cel": {"expression": on_failing_gpu}}],
+        },
+    }
+    only_failing: Obj = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "only-failing", "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+    apply(only_failing)
+    apply(claim_pod("needs-failing-gpu", "only-failing"))
+    reason = wait_until(
+        "needs-failing-gpu Pending with the scheduler's reason",
+        lambda: next(
+            (
+                c.get("message", "")
+                for c in pod("needs-failing-gpu")["status"].get("conditions", [])
+                if c["type"] == "PodScheduled" and c["status"] == "False"
+            ),
+            None,
+        ),
+        timeout=60,
+    )
+    assert pod("needs-failing-gpu")["status"]["phase"] == "Pending", reason
+    status = pod(running)["status"]
+    assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0
+    assert seen(running) == devices
