@@ -1,4 +1,5 @@
-"""`--http-address`: /healthz, /readyz, /metrics and /status, served on the plugin's own loop.
+"""`--http-address`: /healthz, /readyz, /metrics and /status, served on the loop of the plugin
+(or the DRA driver) they describe.
 
 A small asyncio HTTP/1.1 server rather than prometheus-client's threaded one: an answer from
 /healthz then proves that the loop running the gRPC servers is turning, and every handler reads
@@ -17,12 +18,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from deviceplugin.model.assignments import PodDevices
 from deviceplugin.model.config import Config
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event, log_exception
+from deviceplugin.ops.drametrics import DraMetrics
+from deviceplugin.ops.drastatus import DraStatus
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.ops.snapshot import build_snapshot
 from deviceplugin.ops.status import Status
@@ -81,22 +84,99 @@ def parse_address(address: str) -> tuple[str | None, int]:
     return (host or None), int(port_text)
 
 
-class HttpServer:
-    """The plugin's HTTP endpoints, bound to one running plugin. `read_pods` asks the kubelet
-    who holds which device, given the pod-resources socket."""
+class Endpoints(Protocol):
+    """What /readyz, /metrics and /status answer: the device plugin's or the DRA driver's."""
 
-    def __init__(
-        self, address: str, supervisor: PluginView, pods_socket: Path, *, read_pods: PodReader
-    ) -> None:
-        self._host, self._requested_port = parse_address(address)
+    def not_ready(self) -> list[str]: ...
+
+    async def metrics(self) -> bytes: ...
+
+    async def status(self) -> dict[str, Any]: ...
+
+
+class PluginEndpoints:
+    """The device plugin's answers, from the supervisor and, for /metrics and /status, from
+    the kubelet's pod assignments (`read_pods`, given the pod-resources socket)."""
+
+    def __init__(self, supervisor: PluginView, pods_socket: Path, read_pods: PodReader) -> None:
         self._supervisor = supervisor
         self._pods_socket = pods_socket
         self._read_pods_from = read_pods
-        self._server: asyncio.Server | None = None
-        self._open: set[asyncio.StreamWriter] = set()
         self._pods: tuple[PodDevices | None, str] = (None, "")
         self._pods_at: float | None = None
         self._pods_lock = asyncio.Lock()
+
+    def not_ready(self) -> list[str]:
+        return self._supervisor.status().not_ready
+
+    async def metrics(self) -> bytes:
+        pods, _ = await self._read_pods()
+        metrics = self._supervisor.metrics
+        metrics.set_allocated(pods, self._supervisor.status().resources)
+        return metrics.render()
+
+    async def status(self) -> dict[str, Any]:
+        pods, note = await self._read_pods()
+        status = self._supervisor.status()
+        return build_snapshot(
+            status.resources,
+            self._supervisor.config,
+            status.config_source,
+            status=status,
+            pods_socket=self._pods_socket,
+            pods=pods,
+            pods_note=note,
+        )
+
+    async def _read_pods(self) -> tuple[PodDevices | None, str]:
+        """The kubelet's assignments, asked for at most once per POD_REFRESH_SECONDS however
+        often Prometheus and probes call, so scrapes cannot load the kubelet."""
+        loop = asyncio.get_running_loop()
+        async with self._pods_lock:
+            if self._pods_at is not None and loop.time() - self._pods_at < POD_REFRESH_SECONDS:
+                return self._pods
+            previous_note = self._pods[1]
+            self._pods = await self._read_pods_from(self._pods_socket)
+            self._pods_at = loop.time()
+            note = self._pods[1]
+            if note and note != previous_note:
+                log_event(logger, "pods.unknown", detail=note)
+            return self._pods
+
+
+class DraView(Protocol):
+    """What the endpoints read of a running DRA driver (`dra.service.DraDriver` provides it)."""
+
+    metrics: DraMetrics
+
+    def status(self) -> DraStatus: ...
+
+
+class DraEndpoints:
+    """The DRA driver's answers; its gauges are set from its status at each scrape."""
+
+    def __init__(self, driver: DraView) -> None:
+        self._driver = driver
+
+    def not_ready(self) -> list[str]:
+        return self._driver.status().not_ready
+
+    async def metrics(self) -> bytes:
+        self._driver.metrics.set_status(self._driver.status())
+        return self._driver.metrics.render()
+
+    async def status(self) -> dict[str, Any]:
+        return self._driver.status().document()
+
+
+class EndpointServer:
+    """The HTTP endpoints of one running plugin or driver, answered by `endpoints`."""
+
+    def __init__(self, address: str, endpoints: Endpoints) -> None:
+        self._host, self._requested_port = parse_address(address)
+        self._endpoints = endpoints
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
 
     @property
     def port(self) -> int | None:
@@ -174,42 +254,24 @@ class HttpServer:
         if path == "/healthz":
             return _text(200, "ok")
         if path == "/readyz":
-            reasons = self._supervisor.status().not_ready
+            reasons = self._endpoints.not_ready()
             return _text(503, "; ".join(reasons)) if reasons else _text(200, "ready")
         if path == "/metrics":
-            pods, _ = await self._read_pods()
-            metrics = self._supervisor.metrics
-            metrics.set_allocated(pods, self._supervisor.status().resources)
-            return Response(200, metrics.render(), METRICS_TYPE)
+            return Response(200, await self._endpoints.metrics(), METRICS_TYPE)
         if path == "/status":
-            pods, note = await self._read_pods()
-            status = self._supervisor.status()
-            document = build_snapshot(
-                status.resources,
-                self._supervisor.config,
-                status.config_source,
-                status=status,
-                pods_socket=self._pods_socket,
-                pods=pods,
-                pods_note=note,
-            )
+            document = await self._endpoints.status()
             return Response(200, json.dumps(document, indent=2).encode() + b"\n", JSON_TYPE)
         return _text(404, "not found; try /healthz, /readyz, /metrics or /status")
 
-    async def _read_pods(self) -> tuple[PodDevices | None, str]:
-        """The kubelet's assignments, asked for at most once per POD_REFRESH_SECONDS however
-        often Prometheus and probes call, so scrapes cannot load the kubelet."""
-        loop = asyncio.get_running_loop()
-        async with self._pods_lock:
-            if self._pods_at is not None and loop.time() - self._pods_at < POD_REFRESH_SECONDS:
-                return self._pods
-            previous_note = self._pods[1]
-            self._pods = await self._read_pods_from(self._pods_socket)
-            self._pods_at = loop.time()
-            note = self._pods[1]
-            if note and note != previous_note:
-                log_event(logger, "pods.unknown", detail=note)
-            return self._pods
+
+class HttpServer(EndpointServer):
+    """The device plugin's endpoints (`serve --http-address`). `read_pods` asks the kubelet
+    who holds which device, given the pod-resources socket."""
+
+    def __init__(
+        self, address: str, supervisor: PluginView, pods_socket: Path, *, read_pods: PodReader
+    ) -> None:
+        super().__init__(address, PluginEndpoints(supervisor, pods_socket, read_pods))
 
 
 def _encode(response: Response, head_only: bool) -> bytes:

@@ -1,9 +1,10 @@
 """Prometheus metrics, all under the `deviceplugin_` prefix, in a registry of their own.
 
-One `Metrics` object per running plugin. The supervisor, the servers, the registrar and the
-health monitor call its small methods through observer protocols of their own, so no other
-module touches prometheus-client and none of them imports this one. Names and labels are
-documented in docs/observability.md.
+One `Metrics` object per running plugin (`ops.drametrics.DraMetrics` per DRA driver; both share
+`SharedMetrics`). The supervisor, the servers, the registrar and the health monitor call its
+small methods through observer protocols of their own, so no other module touches
+prometheus-client and none of them imports this one. Names and labels are documented in
+docs/observability.md.
 """
 
 from __future__ import annotations
@@ -19,11 +20,53 @@ from deviceplugin.model.resources import ResourceSet
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
-class Metrics:
-    """The plugin's metrics; cheap to call from the event loop."""
+class SharedMetrics:
+    """What the device plugin and the DRA driver both report: the build, NVML health events and
+    config reloads. Each one's metrics extend these, in a registry of their own."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.health_events = Counter(
+            "deviceplugin_health_events",
+            "NVML health events by Xid and the action taken.",
+            ["xid", "action"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "deviceplugin_config_reloads",
+            "Config reloads by result (applied, unchanged, rejected).",
+            ["result"],
+            registry=r,
+        )
+        self.config_last_reload_successful = Gauge(
+            "deviceplugin_config_last_reload_successful",
+            "1 when the config file's content in force is its latest content; 0 while the "
+            "latest content is rejected and the last good config keeps serving.",
+            registry=r,
+        )
+        self.config_last_reload_successful.set(1)
+        self.build = Info(
+            "deviceplugin_build", "Plugin version and NVML driver version.", registry=r
+        )
+        self.build.info({"version": __version__, "driver_version": ""})
+
+    def set_driver_version(self, driver_version: str) -> None:
+        self.build.info({"version": __version__, "driver_version": driver_version})
+
+    def health_event(self, xid: str, action: str) -> None:
+        self.health_events.labels(xid=xid, action=action).inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class Metrics(SharedMetrics):
+    """The device plugin's metrics; cheap to call from the event loop."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
         r = self.registry
         self.devices = Gauge(
             "deviceplugin_devices",
@@ -56,18 +99,6 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.health_events = Counter(
-            "deviceplugin_health_events",
-            "NVML health events by Xid and the action taken.",
-            ["xid", "action"],
-            registry=r,
-        )
-        self.config_reloads = Counter(
-            "deviceplugin_config_reloads",
-            "Config reloads by result (applied, unchanged, rejected).",
-            ["result"],
-            registry=r,
-        )
         self.kubelet_restarts = Counter(
             "deviceplugin_kubelet_restarts",
             "Kubelet restarts seen (kubelet.sock re-created or a plugin socket removed).",
@@ -79,13 +110,6 @@ class Metrics:
             ["resource", "device", "physical", "gpu", "namespace", "pod", "container"],
             registry=r,
         )
-        self.build = Info(
-            "deviceplugin_build", "Plugin version and NVML driver version.", registry=r
-        )
-        self.build.info({"version": __version__, "driver_version": ""})
-
-    def set_driver_version(self, driver_version: str) -> None:
-        self.build.info({"version": __version__, "driver_version": driver_version})
 
     def set_resources(self, resources: Mapping[str, ResourceSet]) -> None:
         """Publish device counts per resource and health; resources that went away read 0."""
@@ -114,9 +138,6 @@ class Metrics:
                         holder.container,
                     ).set(1)
 
-    def health_event(self, xid: str, action: str) -> None:
-        self.health_events.labels(xid=xid, action=action).inc()
-
     def registered(self, resource: str, again: bool) -> None:
         self.registrations.labels(resource, "again" if again else "first").inc()
 
@@ -129,7 +150,3 @@ class Metrics:
     def rpc_done(self, resource: str, method: str, seconds: float, ok: bool) -> None:
         self.rpc_requests.labels(resource, method, "ok" if ok else "error").inc()
         self.rpc_seconds.labels(resource, method).observe(seconds)
-
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)

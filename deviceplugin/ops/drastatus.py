@@ -1,0 +1,78 @@
+"""What a running DRA driver reports about itself: the basis of its /readyz, /status and gauges."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Pool:
+    """This node's pool as last written to the API server (or adopted there after a restart)."""
+
+    generation: int
+    slices: int
+    devices: int
+
+
+@dataclass(frozen=True)
+class DraStatus:
+    """The driver's state now; `not_ready` says what keeps it from being ready."""
+
+    driver: str
+    node: str
+    started: bool
+    idle: bool  # NVML unavailable with failOnInitError false: nothing published or registered
+    plugin_watcher: bool  # the kubelet's plugins_registry/ was there at start
+    registered: bool
+    serving: bool  # the DRA and registration sockets are in place
+    pool: Pool | None  # None until the slices were written once
+    api_error: str | None  # why the latest API request got no answer; None when it got one
+    prepared_claims: int
+    unhealthy: Mapping[str, str]  # UUID -> reason
+    config_source: str | None
+    last_config_error: str | None  # why the file's latest content was refused; None if it wasn't
+    last_config_error_field: str | None  # the field last_config_error names, "" for none
+
+    @property
+    def not_ready(self) -> list[str]:
+        """Why the driver is not ready; empty when it is. Ready means: registered with the
+        kubelet's plugin watcher (only serving on both sockets where there is no watcher), the
+        slices written once, and an answer to the latest API request. An idle driver is ready."""
+        if not self.started:
+            return ["starting"]
+        if self.idle:
+            return []
+        reasons: list[str] = []
+        if not self.serving:
+            reasons.append("not serving: a socket is missing")
+        elif self.plugin_watcher and not self.registered:
+            reasons.append("not registered with the kubelet")
+        if self.pool is None:
+            reasons.append("slices not published yet")
+        if self.api_error:
+            reasons.append(self.api_error)
+        return reasons
+
+    def document(self) -> dict[str, Any]:
+        """The /status JSON."""
+        pool = self.pool
+        return {
+            "live": True,
+            "ready": not self.not_ready,
+            "not_ready": self.not_ready,
+            "driver": self.driver,
+            "node": self.node,
+            "idle": self.idle,
+            "registered": self.registered,
+            "pool": None if pool is None else asdict(pool),
+            "api_error": self.api_error,
+            "prepared_claims": self.prepared_claims,
+            "unhealthy": dict(self.unhealthy),
+            "config": {
+                "source": self.config_source or "defaults",
+                "last_error": self.last_config_error,
+                "last_error_field": self.last_config_error_field,
+            },
+        }
