@@ -2,7 +2,8 @@
 
 `connect()` builds a client from `--kubeconfig`, from the pod's service account (in-cluster),
 or from a plain URL (the stand-in of `sim/apiserver.py`); `KubeApi` lists, creates, replaces
-and deletes this node's ResourceSlices and reads ResourceClaims. Objects travel as plain JSON
+and deletes this node's ResourceSlices and reads ResourceClaims, and remembers whether the latest
+call got an answer (`unreachable`, for readiness). Objects travel as plain JSON
 dicts both ways (`_preload_content=False`), so what the publisher compares is exactly what the
 server stored, without a round trip through the client's generated models. Every failure leaves
 as `KubeApiError` (`ConflictError` for 409), so callers handle one exception type.
@@ -59,6 +60,7 @@ class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
         self._client = api_client
         self._resource = client.ResourceV1Api(api_client)
+        self.unreachable: str | None = None  # why the latest call got no answer; None if it did
 
     async def list_slices(self, node: str, driver: str) -> list[JsonObject]:
         """This node's slices of `driver`, as the server stores them."""
@@ -97,9 +99,12 @@ class KubeApi:
             finally:
                 response.release()
         except ApiException as err:
+            self.unreachable = None
             raise KubeApiError(f"API call failed: {err.reason}", err.status or 0) from err
         except (aiohttp.ClientError, OSError, TimeoutError) as err:
-            raise KubeApiError(f"API server unreachable: {err!r}") from err
+            self.unreachable = f"API server unreachable: {err!r}"
+            raise KubeApiError(self.unreachable) from err
+        self.unreachable = None
         answer = _json(data)
         if not 200 <= status <= 299:
             message = f"API server answered {status}: {answer.get('message') or data[:200]!r}"

@@ -27,7 +27,9 @@ What it guarantees:
 - an API error never escapes `publish`: it is logged (`dra.publish.failed`), the slices are
   listed afresh and the write retried with exponential backoff until it succeeds or a newer
   `publish` supersedes it. `publish` returns whether this call got the slices written;
-  `wait_published()` waits until the newest state is on the server.
+  `wait_published()` waits until the newest state is on the server;
+- every attempt that reaches the API server, retries included, is reported to the optional
+  `observer` with its duration and outcome, and `written` says what the pool holds.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,6 +67,13 @@ class SliceApi(Protocol):
     async def close(self) -> None: ...
 
 
+class PublishObserver(Protocol):
+    """Told how each attempt that reached the API server went (for metrics); cheap, never
+    raises."""
+
+    def publish_done(self, seconds: float, ok: bool) -> None: ...
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Delays between retries after an API error: first, doubling, up to most."""
@@ -86,12 +96,14 @@ class SlicePublisher:
         driver: str = DRIVER,
         backoff: Backoff | None = None,
         taint: TaintEffect | None = DEFAULT_TAINT,
+        observer: PublishObserver | None = None,
     ) -> None:
         self.node_name = node_name
         self.driver = driver
         self.taint = taint
         self._api = api
         self._backoff = backoff or Backoff()
+        self._observer = observer
         self._lock = asyncio.Lock()
         self._desired: list[JsonObject] = []  # the devices to publish
         self._version = 0  # bumped by every publish(); the retry loop chases the newest
@@ -107,6 +119,14 @@ class SlicePublisher:
     def generation(self) -> int:
         """The pool generation last written (or adopted)."""
         return self._generation
+
+    @property
+    def written(self) -> tuple[int, int] | None:
+        """(slices, devices) of the pool as last written or adopted; None before the first."""
+        if self._written is None:
+            return None
+        devices = sum(len(spec.get("devices") or []) for _, spec in self._written)
+        return len(self._written), devices
 
     async def publish(self, inventory: Inventory, unhealthy: Mapping[str, str]) -> bool:
         """Make the slices say what `inventory` and `unhealthy` say; True once written."""
@@ -144,9 +164,11 @@ class SlicePublisher:
         """One sync of the newest state; on failure logs and makes sure a retry loop runs."""
         async with self._lock:
             version = self._version
+            began = time.perf_counter()
             try:
-                await self._sync(self._desired)
+                reached_api = await self._sync(self._desired)
             except Exception as err:  # the driver must outlive any API failure
+                self._report(began, ok=False)
                 self._stored = None
                 self._failures += 1
                 log_event(
@@ -160,11 +182,17 @@ class SlicePublisher:
                 if self._retry is None or self._retry.done():
                     self._retry = asyncio.get_running_loop().create_task(self._retry_loop())
                 return False
+            if reached_api:
+                self._report(began, ok=True)
             self._synced_version = version
             self._failures = 0
             if version == self._version:
                 self._published.set()
             return True
+
+    def _report(self, began: float, ok: bool) -> None:
+        if self._observer is not None:
+            self._observer.publish_done(time.perf_counter() - began, ok)
 
     async def _retry_loop(self) -> None:
         """Retries until the newest state is written; a newer publish() may get there first."""
@@ -173,17 +201,18 @@ class SlicePublisher:
             if self._synced_version != self._version:
                 await self._attempt(retry=True)
 
-    async def _sync(self, devices: Sequence[JsonObject]) -> None:
+    async def _sync(self, devices: Sequence[JsonObject]) -> bool:
+        """Bring the server's slices to `devices`; False when that needed no API call."""
         wanted = _contents(build_slices(self.node_name, devices, 0, self.driver))
         if self._stored is not None and wanted == self._written:
-            return  # nothing changed since the last write
+            return False  # nothing changed since the last write
         if self._stored is None:
             found = await self._api.list_slices(self.node_name, self.driver)
             self._stored = {item["metadata"]["name"]: item for item in found}
             generations = {_generation(item) for item in found}
             if len(generations) == 1 and _contents(found) == wanted:
                 self._generation, self._written = generations.pop(), wanted
-                return  # the server already says this: adopt it
+                return True  # the server already says this: adopt it
         stored = self._stored
         generations = {_generation(item) for item in stored.values()}
         generation = max([self._generation, *generations]) + 1
@@ -211,6 +240,7 @@ class SlicePublisher:
             devices=len(devices),
             generation=generation,
         )
+        return True
 
 
 def _generation(item: JsonObject) -> int:
