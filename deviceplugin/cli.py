@@ -173,10 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     dra_serve = dra_commands.add_parser(
         "serve", help="publish ResourceSlices and serve the kubelet's DRA API until stopped"
     )
-    # The DRA driver has its own kubelet root and no HTTP endpoints yet: refuse those flags.
-    dra_runtime = {
-        k: v for k, v in _RUNTIME_FLAGS.items() if k not in ("kubelet-dir", "http-address")
-    }
+    # The DRA driver has its own kubelet root (--kubelet-root): refuse --kubelet-dir.
+    dra_runtime = {k: v for k, v in _RUNTIME_FLAGS.items() if k != "kubelet-dir"}
     _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS}, DRA_OVERRIDES)
     _refuse_device_plugin_flags(dra_serve)
     dra_commands.add_parser(

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 
 from deviceplugin.cli import SERVE_ENV_VARS
@@ -96,15 +95,3 @@ def test_dra_serve_registers_publishes_prepares_and_stops_cleanly_on_sigterm() -
             shutil.rmtree(root, ignore_errors=True)
 
     asyncio.run(body())
-
-
-def test_dra_serve_refuses_the_http_flag_it_would_not_honour() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "deviceplugin", "dra", "serve", "--http-address", ":8080"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert done.returncode == 2
-    assert "unrecognized arguments: --http-address" in done.stderr

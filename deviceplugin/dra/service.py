@@ -17,6 +17,11 @@ rediscovered: a MIG re-cut or a GPU gone is republished and Prepare maps to the 
 Without NVML, `failOnInitError: true` (the default) fails start-up; `false` idles as `serve`
 does: nothing published, nothing registered, until stopped.
 
+Operated as `serve` is: `--http-address` serves /healthz, /readyz, /metrics and /status
+(`ops.http.DraEndpoints`, from `status()` and `DraMetrics`), and the config file is followed
+(a ConfigMap swap, SIGHUP): a valid one is adopted and the slices republished, an invalid one
+refused while the last good one stays (`reload`).
+
 On stop both sockets are removed (the kubelet deregisters the driver) and NVML is shut down.
 The claims' CDI specs and the checkpoint stay: running containers are defined by them, and a
 restarted driver answers for them.
@@ -29,21 +34,23 @@ import contextlib
 import logging
 import signal
 import socket
+from pathlib import Path
 
 from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
+from deviceplugin.configfile import ConfigFile
 from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint
 from deviceplugin.dra.devicehealth import HealthReporter, device_states
-from deviceplugin.dra.kubeapi import connect
+from deviceplugin.dra.kubeapi import KubeApi, connect
 from deviceplugin.dra.plugin import SOCKET_NAME, DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.registration import RegistrationServer, plugin_dir, registration_socket
-from deviceplugin.host import SimulatedHost, open_host_config, open_nvml, proc_root
+from deviceplugin.host import Overrides, SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.model.cdi import CdiOptions
-from deviceplugin.model.config import Config, ParsedConfig, load_config
+from deviceplugin.model.config import Config, ParsedConfig, load_config, load_config_text
 from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
-from deviceplugin.model.errors import DevicePluginError, NvmlError
+from deviceplugin.model.errors import ConfigError, DevicePluginError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import (
@@ -55,6 +62,10 @@ from deviceplugin.node.health import (
 )
 from deviceplugin.node.hostscan import scan_host
 from deviceplugin.node.nvml import Nvml
+from deviceplugin.ops.drametrics import DraMetrics
+from deviceplugin.ops.drastatus import DraStatus, Pool
+from deviceplugin.ops.http import DraEndpoints, EndpointServer
+from deviceplugin.watch import Watchers
 
 logger = logging.getLogger(__name__)
 
@@ -66,8 +77,9 @@ REDISCOVER_SECONDS = 60.0
 class DraDriver:
     """One running DRA driver: `start()`, then `stop()` (also after a failed start)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, metrics: DraMetrics | None = None) -> None:
         self.settings = settings
+        self.metrics = metrics or DraMetrics()
         self.node = settings.node_name or socket.gethostname()
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
         self.dra_socket = directory / SOCKET_NAME
@@ -88,12 +100,19 @@ class DraDriver:
         self._inventory: Inventory | None = None
         self._unhealthy: dict[str, str] = {}
         self._config: Config | None = None
+        self._config_file = ConfigFile(settings.config_file, self.metrics)
+        self._overrides: Overrides = settings.overrides
+        self._api: KubeApi | None = None
+        self._plugin_watcher = False  # the kubelet's plugins_registry/ was there at start
+        self._started = False
+        self._idle = False  # no NVML, failOnInitError false
 
     async def start(self) -> None:
         """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
         settings = self.settings
         policy = HealthPolicy.from_env(settings.env)
         recovery_after = parse_duration(settings.health_recovery_after)
+        self._plugin_watcher = self.registration.socket.parent.is_dir()
         parsed = self._read_config()
         config = self._config = parsed.config
         try:
@@ -110,14 +129,18 @@ class DraDriver:
                 error=str(exc),
                 hint="failOnInitError is false: publishing nothing, not registering",
             )
+            self._started = self._idle = True
             return
         inventory = await asyncio.to_thread(discover, self._nvml)
-        for warning in parsed.warnings:
-            log_event(logger, "config.warning", logging.WARNING, detail=warning)
+        self.metrics.set_driver_version(inventory.driver_version)
         self._inventory = inventory
-        api = await connect(kubeconfig=settings.kubeconfig)
+        api = self._api = await connect(kubeconfig=settings.kubeconfig)
         self.publisher = SlicePublisher(
-            api, self.node, settings.driver_name, taint=settings.unhealthy_taint
+            api,
+            self.node,
+            settings.driver_name,
+            taint=settings.unhealthy_taint,
+            observer=self.metrics,
         )
         await self.publisher.publish(inventory, self._unhealthy)  # an API error is retried
         devices = await self._node_devices()
@@ -126,10 +149,11 @@ class DraDriver:
         )
         self.preparer.load()
         await self._report_health()
-        self.dra = DraServer(self.preparer, self.dra_socket, self.health)
+        self.dra = DraServer(self.preparer, self.dra_socket, self.health, observer=self.metrics)
         await self.dra.start()
         await self.registration.start()
         self._start_monitor(policy, recovery_after)
+        self._started = True
         log_event(
             logger,
             "dra.started",
@@ -211,6 +235,54 @@ class DraDriver:
             await self.publisher.publish(inventory, self._unhealthy)
         return True
 
+    async def reload(self, trigger: str, force: bool = False) -> bool:
+        """Read the config file again: it changed, or SIGHUP `force`s it. A valid one is adopted:
+        claims prepared from now on get its CDI options (driver and dev root), the node is
+        rediscovered, and the slices are listed afresh and republished. An invalid one is
+        refused (`config.rejected`, error level, naming the field) and the last good config
+        stays. True when adopted."""
+        if not self._started:
+            return False
+        text = await self._config_file.changed(trigger, force)
+        if text is None:
+            return False
+        try:
+            parsed = await asyncio.to_thread(self._parse, text, self._overrides)
+        except ConfigError as exc:
+            self._config_file.reject(trigger, exc, text)
+            return False
+        self._config = parsed.config
+        if self.preparer is not None:  # not idle
+            await self.rediscover()
+            self.preparer.use(await self._node_devices())
+        self._config_file.adopt(parsed, text)  # in force: logged and counted as applied
+        if self.publisher is not None:
+            await self.publisher.refresh()
+        return True
+
+    def status(self) -> DraStatus:
+        """The driver's state now, for /readyz, /status and the gauges of /metrics."""
+        pool = None
+        if self.publisher is not None and (written := self.publisher.written) is not None:
+            pool = Pool(self.publisher.generation, *written)
+        sockets = (self.dra_socket, self.registration.socket)
+        return DraStatus(
+            driver=self.settings.driver_name,
+            node=self.node,
+            started=self._started,
+            idle=self._idle,
+            plugin_watcher=self._plugin_watcher,
+            registered=self.registration.registered,
+            serving=self.dra is not None and all(path.exists() for path in sockets),
+            pool=pool,
+            api_error=self._api.unreachable if self._api is not None else None,
+            prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
+            unhealthy=dict(self._unhealthy),
+            config_source=self.settings.config_file,
+            last_config_error=self._config_file.last_error,
+            last_config_error_field=self._config_file.last_error_field,
+        )
+
     # --- internals ------------------------------------------------------------------------------
 
     async def _node_devices(self) -> NodeDevices:
@@ -233,14 +305,24 @@ class DraDriver:
             await self.health.update(states)
 
     def _read_config(self) -> ParsedConfig:
-        """The merged config; under `--simulate`, pointed at the simulated node's host files."""
-        settings = self.settings
-        parsed, self._host, _ = open_host_config(
-            settings.simulate,
-            settings.overrides,
-            lambda overrides: load_config(settings.config_file, overrides, settings.env),
+        """The merged config, now in force; under `--simulate`, pointed at the simulated node's
+        host files (and so are the reloads: the overrides that do it are kept)."""
+        text = self._config_file.read()
+        parsed, self._host, self._overrides = open_host_config(
+            self.settings.simulate,
+            self.settings.overrides,
+            lambda overrides: self._parse(text, overrides),
         )
+        self._config_file.adopt(parsed, text, reloaded=False)
         return parsed
+
+    def _parse(self, text: str, overrides: Overrides) -> ParsedConfig:
+        """The config file's `text` with `overrides` (flags) and the environment applied; the
+        defaults with them when there is no config file."""
+        settings = self.settings
+        if settings.config_file is None:
+            return load_config(None, overrides, settings.env)
+        return load_config_text(text, settings.config_file, overrides, settings.env)
 
     def _start_monitor(self, policy: HealthPolicy, recovery_after: float | None) -> None:
         if self._nvml is None or self._inventory is None:
@@ -250,7 +332,9 @@ class DraDriver:
         def report(change: HealthChange) -> None:
             loop.call_soon_threadsafe(spawn, self.health_changed(change), "health change")
 
-        self._monitor = HealthMonitor(self._nvml, self._inventory, policy, report, recovery_after)
+        self._monitor = HealthMonitor(
+            self._nvml, self._inventory, policy, report, recovery_after, observer=self.metrics
+        )
         self._monitor.start()
 
     def _registration_status(self, registered: bool, error: str) -> None:
@@ -258,16 +342,30 @@ class DraDriver:
             spawn(self.publisher.refresh(), "dra registration")
 
 
-async def serve_dra(settings: Settings) -> None:
-    """The `dra serve` command: run until SIGTERM or SIGINT, then clean up."""
+async def run_driver(
+    driver: DraDriver, stop: asyncio.Event, http: EndpointServer | None = None
+) -> None:
+    """Run `driver` until `stop` is set: its HTTP endpoints (`http`, or those of
+    `--http-address`), its config file watched, its periodic checks. Everything started is
+    stopped again, in reverse order, however this ends. HTTP listens before start-up begins, so
+    /healthz answers and /readyz says "starting" meanwhile."""
     loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    driver = DraDriver(settings)
-    checks: asyncio.Task[None] | None = None
-    try:
+    settings = driver.settings
+    if http is None and settings.http_address:
+        http = EndpointServer(settings.http_address, DraEndpoints(driver))
+    async with contextlib.AsyncExitStack() as running:
+        if http is not None:
+            await http.start()
+            running.push_async_callback(http.stop)
+        running.push_async_callback(driver.stop)
         await driver.start()
+        if settings.config_file:
+            watchers = Watchers()
+            watchers.watch_config(
+                loop, Path(settings.config_file), lambda: driver.reload("config file changed")
+            )
+            watchers.start()
+            running.push_async_callback(asyncio.to_thread, watchers.stop)
         checks = loop.create_task(
             periodically(
                 driver.heal_sockets,
@@ -277,10 +375,24 @@ async def serve_dra(settings: Settings) -> None:
                 "dra.periodic.failed",
             )
         )
-        await stopping.wait()
-    finally:
-        if checks is not None:
-            checks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await checks
-        await driver.stop()
+        running.push_async_callback(_cancel, checks)
+        await stop.wait()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+async def serve_dra(settings: Settings) -> None:
+    """The `dra serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    driver = DraDriver(settings)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: spawn(driver.reload("SIGHUP", force=True), "SIGHUP")
+    )
+    await run_driver(driver, stopping)

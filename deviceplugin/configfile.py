@@ -1,0 +1,96 @@
+"""The config file of a running DRA driver, followed through reloads.
+
+A reload is asked for at every event in the file's directory (one ConfigMap update makes
+several: the `..data` symlink is swapped) and at SIGHUP, and most find the content as it was.
+`changed` reads the file (off the event loop) and hands back only content worth judging: content
+in force or already refused is not judged again unless the reload is forced, so a bad file is
+logged once, not at every event. The caller parses and applies what it gets and reports it with
+`adopt` or `reject`. As for the device plugin's reloads, a refusal is logged (`config.rejected`,
+error level, naming the file and the field), counted (`deviceplugin_config_reloads_total`), and
+shown by `deviceplugin_config_last_reload_successful` 0 until the file's content is in force
+again; the last good config stays in force meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from deviceplugin.model.config import ParsedConfig
+from deviceplugin.model.config_keys import read_text
+from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.log import log_event
+from deviceplugin.ops.metrics import SharedMetrics
+
+logger = logging.getLogger(__name__)
+
+
+class ConfigFile:
+    """The file at `path` (None: no file, the defaults) and what became of its contents."""
+
+    def __init__(self, path: str | None, metrics: SharedMetrics) -> None:
+        self.path = path
+        self.last_error: str | None = None  # why the file's latest content was refused
+        self.last_error_field: str | None = None  # the field it names, "" for none
+        self._metrics = metrics
+        self._in_force: str | None = None
+        self._refused: str | None = None
+
+    def read(self) -> str:
+        """The file's content, "" without a file. Raises ConfigError naming the file."""
+        return read_text(self.path) if self.path else ""
+
+    async def changed(self, trigger: str, force: bool = False) -> str | None:
+        """The content when a reload must judge it; None when there is nothing to judge (the
+        content is in force or was refused already; an unreadable file is refused here)."""
+        try:
+            text = await asyncio.to_thread(self.read)
+        except ConfigError as exc:
+            unreadable = f"unreadable: {exc}"
+            if force or unreadable != self._refused:
+                self.reject(trigger, exc, unreadable)
+            return None
+        if force or text not in (self._in_force, self._refused):
+            return text
+        if text == self._in_force:  # back to the config in force: nothing is wrong any more
+            self._clear_refusal()
+        self._metrics.config_reloads.labels("unchanged").inc()
+        return None
+
+    def adopt(self, parsed: ParsedConfig, text: str, reloaded: bool = True) -> None:
+        """`text` (parsed: `parsed`) is now in force; `reloaded` False at start-up, where it
+        is not counted as a reload."""
+        self._in_force = text
+        self._clear_refusal()
+        for warning in parsed.warnings:
+            log_event(logger, "config.warning", logging.WARNING, detail=warning)
+        log_event(
+            logger,
+            "config.applied",
+            source=self.path or "defaults",
+            config=parsed.config.model_dump(mode="json", by_alias=True),
+        )
+        if reloaded:
+            self._metrics.config_reloads.labels("applied").inc()
+
+    def reject(self, trigger: str, exc: Exception, text: str) -> None:
+        """`text` is refused for `exc`: judged again only once it changes, or when forced."""
+        self._refused = text
+        self.last_error = str(exc)
+        self.last_error_field = exc.path if isinstance(exc, ConfigError) else ""
+        self._metrics.config_reloads.labels("rejected").inc()
+        self._metrics.config_last_reload_successful.set(0)
+        log_event(
+            logger,
+            "config.rejected",
+            logging.ERROR,
+            trigger=trigger,
+            file=self.path or "",
+            field=self.last_error_field,
+            error=str(exc),
+            keeping="last good config",
+        )
+
+    def _clear_refusal(self) -> None:
+        self._refused = self.last_error = self.last_error_field = None
+        self._metrics.config_last_reload_successful.set(1)
