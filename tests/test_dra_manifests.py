@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from deviceplugin.cli import parse_settings
 from deviceplugin.dra.resourceapi import read_claims, read_classes
 
 DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
@@ -90,6 +91,23 @@ def test_the_daemonset_mounts_what_the_driver_needs_and_holds_no_privilege() -> 
     assert security["readOnlyRootFilesystem"] is True
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert "hostNetwork" not in pod and "hostPID" not in pod
+
+
+def test_the_daemonset_probes_the_http_endpoints_dra_serve_is_told_to_serve() -> None:
+    (daemonset,) = of_kind("DaemonSet")
+    template = daemonset["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    settings = parse_settings(container["command"][1:], env)
+    assert settings.command == "dra serve"
+    assert settings.http_address is not None
+    host, _, port = settings.http_address.rpartition(":")
+    assert host in ("0.0.0.0", "[::]", ""), "kubelet probes come over the pod IP"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == int(port)
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == port
 
 
 def test_device_classes_of_the_seed_and_nvidia_and_for_extended_resources_are_valid() -> None:
