@@ -6,6 +6,12 @@ goes through one reconcile step: unchanged servers are left alone, changed ones 
 list on their live stream, removed ones stop (socket removed), new ones start and register.
 Only a kubelet restart re-registers everything. All state lives on one asyncio loop; worker
 threads (NVML event wait, file watchers) hand work to it with call_soon_threadsafe.
+
+The config file is untrusted input: it is read, parsed and planned from off the loop, each step
+with a time limit (`offloop.OffLoop`), so a FIFO, a huge file or a stuck file system never stops
+Allocate, `/healthz` or SIGTERM. A file refused at a reload leaves the last good config in force
+and is reported where operators look: `/status`, `deviceplugin_config_last_reload_successful`
+and a `config.rejected` line at error level naming the file and the field.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from deviceplugin.background import spawn
 from deviceplugin.cdispec import CdiSpecKeeper
@@ -40,12 +46,15 @@ from deviceplugin.node.health import (
 )
 from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.node.nvml import Nvml
+from deviceplugin.offloop import OffLoop
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.ops.status import Status
 
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 1.0
+CONFIG_STEP_SECONDS = 10.0  # the most reading, parsing or planning from the config file may take
+T = TypeVar("T")
 
 
 class Supervisor:
@@ -55,8 +64,9 @@ class Supervisor:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self._parsed: ParsedConfig | None = None
-        self._config_text: str | None = None
+        self._config_text: str | None = None  # the content in force; None: no config file
         self._rejected_text: str | None = None  # refused content, judged again only once changed
+        self._off_loop = OffLoop(CONFIG_STEP_SECONDS)
         self._nvml: Nvml | None = None
         self._inventory: Inventory | None = None
         self._planned: dict[str, ResourceSet] = {}
@@ -73,6 +83,7 @@ class Supervisor:
         self._stopped = asyncio.Event()
         self._stopping = False
         self._last_config_error: str | None = None
+        self._last_config_error_field: str | None = None
         self._started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -82,8 +93,8 @@ class Supervisor:
         NvmlError for start-up failures that `__main__` turns into exit codes."""
         policy = HealthPolicy.from_env(self.settings.env)
         recovery_after = parse_duration(self.settings.health_recovery_after)
-        text = self._read_text()
-        parsed = self._open_host(text)
+        text = await self._read_text()
+        parsed = await self._open_host(text)
         self._adopt_config(parsed, text, AllocateOptions.from_config(parsed.config))
         config = parsed.config
         self._prepare_kubelet_dir()
@@ -106,7 +117,7 @@ class Supervisor:
             return
         inventory = await asyncio.to_thread(discover, self._nvml)
         self.metrics.set_driver_version(inventory.driver_version)
-        self._adopt_inventory(inventory, build_plan(inventory, config))
+        self._adopt_inventory(inventory, await self._plan(inventory, config))
         async with self._lock:
             self._cdi.sync(self._inventory, config)  # every CDI name defined before registering
             await self._reconcile()
@@ -145,6 +156,7 @@ class Supervisor:
             kubelet_restarting=self._registrar.restarting,
             config_source=self.settings.config_file,
             last_config_error=self._last_config_error,
+            last_config_error_field=self._last_config_error_field,
             started=self._started,
             cdi_spec_error=self._cdi.error,
         )
@@ -161,22 +173,22 @@ class Supervisor:
             if self._stopping:
                 return False
             try:
-                text = self._read_text()
+                text = await self._read_text()
             except ConfigError as exc:
-                text = f"unreadable: {exc}"  # judged once, like any other refused content
-                if force or text != self._rejected_text:
-                    self._reject(trigger, exc, text)
+                unreadable = f"unreadable: {exc}"  # judged once, like any other refused content
+                if force or unreadable != self._rejected_text:
+                    self._reject(trigger, exc, unreadable)
                 return False
             if not force and text in (self._config_text, self._rejected_text):
                 if text == self._config_text:  # back to the config in force: nothing is wrong
-                    self._rejected_text = self._last_config_error = None
+                    self._clear_rejection()
                 self.metrics.config_reloads.labels("unchanged").inc()
                 return False
             try:
-                parsed = self._parse(text)
+                parsed = await self._config_step(lambda: self._parse(text), "parsing")
                 options = AllocateOptions.from_config(parsed.config)  # unusable ones are refused
                 inventory = await self._discover()
-                plan = build_plan(inventory, parsed.config) if inventory else None
+                plan = await self._plan(inventory, parsed.config) if inventory else None
             except (ConfigError, DiscoveryError, NvmlError) as exc:
                 self._reject(trigger, exc, text)
                 return False
@@ -197,7 +209,7 @@ class Supervisor:
                 inventory = await self._discover()
                 if inventory is None or inventory == self._inventory:
                     return False
-                plan = build_plan(inventory, self.config)
+                plan = await self._plan(inventory, self.config)
             except (ConfigError, DiscoveryError, NvmlError) as exc:
                 log_event(logger, "inventory.rejected", logging.WARNING, error=str(exc))
                 return False
@@ -263,35 +275,54 @@ class Supervisor:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _read_text(self) -> str:
-        """The config file's content; "" without a config file."""
+    async def _read_text(self) -> str | None:
+        """The config file's content; None without a config file."""
         path = self.settings.config_file
         if not path:
-            return ""
-        return read_text(path)
+            return None
+        return await self._config_step(lambda: read_text(path), "reading")
 
-    def _parse(self, text: str) -> ParsedConfig:
+    def _parse(self, text: str | None) -> ParsedConfig:
         """The file's content with flag and environment overrides applied."""
         return load_config_text(text, self.settings.config_file, self._overrides, self.settings.env)
 
-    def _open_host(self, text: str) -> ParsedConfig:
+    async def _plan(self, inventory: Inventory, config: Config) -> Plan:
+        """The resources `config` makes of `inventory`: a config of thousands of rules takes
+        seconds to apply, so it is applied off the loop too."""
+        return await self._config_step(lambda: build_plan(inventory, config), "planning from")
+
+    async def _config_step(self, step: Callable[[], T], verb: str) -> T:
+        """`step()` off the loop; one that takes too long is a ConfigError naming the file."""
+        source = self.settings.config_file or "the config"
+        try:
+            return await self._off_loop.run(step, f"{verb} {source}")
+        except TimeoutError as exc:
+            raise ConfigError(self.settings.config_file or "", str(exc)) from None
+
+    async def _open_host(self, text: str | None) -> ParsedConfig:
         """`text` parsed, with the simulated node's host files opened under `--simulate`:
         Allocate and the CDI spec then read device nodes, mig-minors and driver files there."""
-        parsed, self._host, self._overrides = open_host_config(
-            self.settings.simulate,
-            self.settings.overrides,
-            lambda overrides: load_config_text(
-                text, self.settings.config_file, overrides, self.settings.env
+        settings = self.settings
+        parsed, self._host, self._overrides = await self._config_step(
+            lambda: open_host_config(
+                settings.simulate,
+                settings.overrides,
+                lambda overrides: load_config_text(
+                    text, settings.config_file, overrides, settings.env
+                ),
             ),
+            "parsing",
         )
         if self._host is not None:
             self._allocator = NodeAllocator(Config(), host=HostDevices(self._host.proc_root))
-            self._cdi = CdiSpecKeeper(self.settings.cdi_spec_dir, self._host.proc_root)
+            self._cdi = CdiSpecKeeper(settings.cdi_spec_dir, self._host.proc_root)
         return parsed
 
-    def _adopt_config(self, parsed: ParsedConfig, text: str, options: AllocateOptions) -> None:
-        self._parsed, self._config_text, self._rejected_text = parsed, text, None
-        self._last_config_error = None
+    def _adopt_config(
+        self, parsed: ParsedConfig, text: str | None, options: AllocateOptions
+    ) -> None:
+        self._parsed, self._config_text = parsed, text
+        self._clear_rejection()
         self._allocator.configure(
             options, parsed.config.flags.plugin.shared_devices_allocation_policy
         )
@@ -314,20 +345,29 @@ class Supervisor:
         for warning in plan.warnings:
             log_event(logger, "resources.skipped", logging.WARNING, detail=warning)
 
-    def _reject(self, trigger: str, exc: Exception, text: str) -> None:
+    def _reject(self, trigger: str, exc: Exception, text: str | None) -> None:
+        """Refuse `text`, keep the config in force, and say so everywhere operators look."""
+        path = exc.path if isinstance(exc, ConfigError) else ""
         self._rejected_text = text
         self._last_config_error = str(exc)
+        self._last_config_error_field = path
         self.metrics.config_reloads.labels("rejected").inc()
-        path = exc.path if isinstance(exc, ConfigError) else ""
+        self.metrics.config_last_reload_successful.set(0)
         log_event(
             logger,
             "config.rejected",
             logging.ERROR,
             trigger=trigger,
+            file=self.settings.config_file or "",
             field=path,
             error=str(exc),
             keeping="last good config",
         )
+
+    def _clear_rejection(self) -> None:
+        """The content in force is the file's latest: nothing is wrong with the config."""
+        self._rejected_text = self._last_config_error = self._last_config_error_field = None
+        self.metrics.config_last_reload_successful.set(1)
 
     async def _discover(self) -> Inventory | None:
         """Rediscover off the event loop (NVML calls block); a GPU that was marked Unhealthy and

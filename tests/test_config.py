@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,12 @@ from deviceplugin.model.config import (
     parse_config,
     summary,
 )
+from deviceplugin.model.config_keys import MAX_CONFIG_BYTES, QUOTE_LIMIT, read_text
 from deviceplugin.model.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 EXAMPLES = sorted(CONFIG_DIR.glob("*.yaml"))
+UUID = "b1028956-cfa2-0990-bf4a-5da9abb51763"
 
 
 def shared(replicas: str, **extra: str) -> str:
@@ -122,8 +125,8 @@ def test_dedicated_and_shared_selects_devices() -> None:
 # --- valid documents and the values they give ----------------------------------------------------
 
 
-def test_empty_document_is_all_defaults() -> None:
-    for text in ("", "\n", "# only a comment\n", "---\n", "{}", "null"):
+def test_version_v1_alone_is_all_defaults() -> None:
+    for text in ("version: v1", "{}", '{"version": ""}'):
         parsed = parse_config(text)
         assert parsed == ParsedConfig(config=Config(), warnings=())
     config = Config()
@@ -232,10 +235,16 @@ def value_at(config: Config, dotted: str) -> Any:
             shared("2"), "sharing.time_slicing.resources.0.devices", "all", id="devices-default-all"
         ),
         pytest.param(
-            shared("2", devices="[0, '1', 1, 2:0, 1:0, GPU-8e2f, MIG-0f1d]"),
+            shared("2", devices=f"[0, '1', 1, 2:0, 1:0, GPU-{UUID}, MIG-{UUID}]"),
             "sharing.time_slicing.resources.0.devices",
-            ("0", "1", "2:0", "1:0", "GPU-8e2f", "MIG-0f1d"),
+            ("0", "1", "2:0", "1:0", f"GPU-{UUID}", f"MIG-{UUID}"),
             id="devices-mixed-list",
+        ),
+        pytest.param(
+            shared("2", devices="3"),
+            "sharing.time_slicing.resources.0.devices",
+            3,
+            id="devices-count",
         ),
         pytest.param(
             shared("2"),
@@ -577,15 +586,15 @@ def test_config_is_frozen() -> None:
         ),
         # devices
         pytest.param(
-            shared("2", devices="2"),
+            shared("2", devices="0"),
             "sharing.timeSlicing.resources[0].devices",
-            "a device count (2) is not supported",
-            id="devices-count",
+            "a count of devices must be > 0, got 0",
+            id="devices-count-zero",
         ),
         pytest.param(
             shared("2", devices="some"),
             "sharing.timeSlicing.resources[0].devices",
-            "must be 'all' or a list",
+            "must be 'all', a count of devices, or a list",
             id="devices-string",
         ),
         pytest.param(
@@ -817,9 +826,11 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
             id="plugin",
         ),
         pytest.param(
+            "flags: {mpsRoot: /run/nvidia/mps}\n"
             "sharing: {mps: {resources: [{name: gpu, replicas: 4}, {name: mig-1g.10gb, "
             "replicas: 2}]}}",
             [
+                "flags.mpsRoot: not used by this plugin (MPS is not supported); ignored",
                 "sharing.mps: MPS sharing is not supported and is NOT applied: nvidia.com/gpu x4, "
                 "nvidia.com/mig-1g.10gb x2 will not be shared through MPS"
             ],
@@ -1123,6 +1134,296 @@ def test_override_into_a_section_of_the_wrong_type_reports_the_file(tmp_path: Pa
     with pytest.raises(ConfigError) as caught:
         load_config(str(path), {"pass_device_specs": "true"}, {})
     assert caught.value.path == "flags.plugin"
+
+
+# --- hostile and careless files ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        pytest.param("", "is empty", id="empty"),
+        pytest.param(" \n\t\n", "is empty", id="whitespace"),
+        pytest.param("# nothing but a comment\n", "has no content", id="comment"),
+        pytest.param("---\n", "has no content", id="document-marker"),
+        pytest.param("null", "has no content", id="null"),
+    ],
+)
+def test_a_document_with_no_content_is_an_error(text: str, what: str) -> None:
+    error = error_of(text)
+    assert error.path == ""
+    assert what in error.message
+    assert "'version: v1' gives the defaults" in error.message
+
+
+def test_the_file_must_be_a_regular_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # reading would block until someone writes to it
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")  # reading would never end
+    cases = {fifo: "a named pipe (FIFO)", zero: "a character device", tmp_path: "a directory"}
+    for path, kind in cases.items():
+        with pytest.raises(ConfigError) as caught:
+            read_text(str(path))
+        assert caught.value.path == str(path)
+        assert f"it is {kind}, not a regular file" in caught.value.message
+
+
+def test_a_file_over_a_configmaps_size_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    head = "version: v1\n#"
+    path.write_text(head + "x" * (MAX_CONFIG_BYTES - len(head) - 1) + "\n")
+    assert load_config(str(path), {}, {}).config == Config()  # exactly 1 MiB is read
+    with path.open("a") as file:
+        file.write("x")
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path), {}, {})
+    assert caught.value.path == str(path)
+    assert f"config file is {MAX_CONFIG_BYTES + 1} bytes; the limit is 1048576 bytes (1 MiB" in (
+        caught.value.message
+    )
+
+
+HUGE = "x" * 1_000_000  # what a ConfigMap can hold
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "fragment"),
+    [
+        pytest.param(
+            f"flags: {{migStrategy: {HUGE}}}",
+            "flags.migStrategy",
+            f"got '{'x' * QUOTE_LIMIT}…' ({len(HUGE)} characters)",
+            id="value",
+        ),
+        pytest.param(
+            f"version: {HUGE}",
+            "version",
+            f"unknown version '{'x' * QUOTE_LIMIT}…' ({len(HUGE)} characters)",
+            id="version",
+        ),
+        pytest.param(
+            f'{{"{HUGE}": 1}}',
+            f"{'x' * QUOTE_LIMIT}… ({len(HUGE)} characters)",
+            f"unknown key '{'x' * QUOTE_LIMIT}…' ({len(HUGE)} characters)",
+            id="key",
+        ),
+        pytest.param(
+            f"version: v1\n? {HUGE}\n: 1\n? {HUGE}\n: 2\n",
+            "",
+            f"duplicate key '{'x' * QUOTE_LIMIT}…' ({len(HUGE)} characters)",
+            id="duplicate-yaml-key",
+        ),
+        pytest.param(
+            f'{{"{HUGE}": 1, "{HUGE}": 2}}',
+            "",
+            f"duplicate key '{'x' * QUOTE_LIMIT}…' ({len(HUGE)} characters)",
+            id="duplicate-json-key",
+        ),
+        pytest.param(
+            shared("2", devices=f"[{HUGE}]"),
+            "sharing.timeSlicing.resources[0].devices[0]",
+            f"({len(HUGE)} characters)",
+            id="device-ref",
+        ),
+        pytest.param(
+            f"flags: {{plugin: {{cdiAnnotationPrefix: {HUGE}}}}}",
+            "flags.plugin.cdiAnnotationPrefix",
+            f"({len(HUGE)} characters)",
+            id="prefix",
+        ),
+        pytest.param(
+            f"resources: {{gpus: [{{pattern: '*', name: {HUGE}}}]}}",
+            "resources.gpus[0].name",
+            f"({len('nvidia.com/' + HUGE)} characters) is longer than 63 characters",
+            id="resource-name",
+        ),
+        pytest.param(
+            f"sharing: {{timeSlicing: {{resources: [{{name: gpu, replicas: {'9' * 5000}}}]}}}}",
+            "",
+            "invalid YAML",
+            id="integer-of-5000-digits",
+        ),
+        pytest.param(
+            f'{{"sharing": {{"timeSlicing": {{"resources": [{{"name": "gpu", "replicas": '
+            f"{'9' * 5000}}}]}}}}}}",
+            "",
+            "invalid JSON",
+            id="json-integer-of-5000-digits",
+        ),
+    ],
+)
+def test_messages_quote_at_most_a_few_hundred_characters_of_input(
+    text: str, path: str, fragment: str
+) -> None:
+    error = error_of(text)
+    assert error.path == path
+    assert fragment in error.message
+    assert len(str(error)) < 2 * QUOTE_LIMIT + 400
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "fragment"),
+    [
+        pytest.param(
+            '{"version": "\\ud800"}', "", "a lone surrogate escape", id="lone-surrogate"
+        ),
+        pytest.param(
+            'flags: {nvidiaDriverRoot: "/run/\\0"}',
+            "flags.nvidiaDriverRoot",
+            "must not contain a NUL character",
+            id="nul-in-path",
+        ),
+    ],
+)
+def test_text_that_no_path_or_name_can_hold(text: str, path: str, fragment: str) -> None:
+    error = error_of(text)
+    assert (error.path, fragment in error.message) == (path, True)
+
+
+def test_a_bad_boolean_override_is_quoted_short() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {}, {"PASS_DEVICE_SPECS": HUGE})
+    assert caught.value.path == "PASS_DEVICE_SPECS"
+    assert len(caught.value.message) < 2 * QUOTE_LIMIT + 100
+
+
+def test_aliases_that_expand_beyond_a_files_worth_are_refused() -> None:
+    levels = ["a0: &a0 [" + ", ".join(["xxxxxxxx"] * 10) + "]"]
+    levels += [f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 10) + "]" for n in range(1, 9)]
+    text = "flags:\n  gfd:\n" + "".join(f"    {line}\n" for line in levels)
+    assert len(text) < 2000
+    error = error_of(text)
+    assert "the document expands to more than" in error.message
+
+
+def test_nesting_deeper_than_any_config_is_refused() -> None:
+    yaml_text = "version: " + "[" * 100 + "]" * 100
+    json_text = '{"version": ' + "[" * 5000 + "]" * 5000 + "}"
+    for text in (yaml_text, json_text):
+        error = error_of(text)
+        assert "nested" in error.message
+
+
+# --- the reference's accepted and refused inputs ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "0",
+        "0:0",
+        "18446744073709551615",
+        "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c",
+        "GPU-4CF8DB2D-06C0-7D70-1A51-E59B25B2C16C",
+        "GPU-4cf8db2d06c07d701a51e59b25b2c16c",
+        "GPU-urn:uuid:4cf8db2d-06c0-7d70-1a51-e59b25b2c16c",
+        "GPU-{4cf8db2d-06c0-7d70-1a51-e59b25b2c16c}",
+        "MIG-3eb87630-93d5-b2b6-b8ff-9b359caf4ee2",
+        "MIG-GPU-662077db-fa3f-0d8f-9502-21ab0ef058a2/10/0",
+        "MIG-GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c/0/0",
+    ],
+)
+def test_device_references_the_reference_accepts(ref: str) -> None:
+    slicing = parse_config(shared("2", devices=json.dumps([ref]))).config.sharing.time_slicing
+    assert slicing is not None and slicing.resources[0].devices == (ref,)
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "-1",
+        "+1",
+        "18446744073709551616",
+        "٣",  # a digit, but not an ASCII one
+        "0:0:0",
+        "0:",
+        "invalid-UUID",
+        "GPU-UUID",
+        "MIG-UUID",
+        "GPU-8e2f",
+        "gpu-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c",
+        "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16",
+        "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16g",
+        "GPU-4cf8db2d_06c0-7d70-1a51-e59b25b2c16c",
+        "MIG-GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c",
+        "MIG-GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c/0",
+        "MIG-GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c/0/0/0",
+        "MIG-GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c/a/0",
+        "MIG-MIG-3eb87630-93d5-b2b6-b8ff-9b359caf4ee2/0/0",
+    ],
+)
+def test_device_references_the_reference_refuses(ref: str) -> None:
+    error = error_of(shared("2", devices=json.dumps([ref])))
+    assert error.path == "sharing.timeSlicing.resources[0].devices[0]"
+    assert "must be a GPU index (0), a MIG index (0:1), GPU-<uuid>, MIG-<uuid> or " in (
+        error.message
+    )
+
+
+@pytest.mark.parametrize(
+    ("devices", "fragment"),
+    [
+        pytest.param("-2", "a count of devices must be > 0, got -2", id="negative"),
+        pytest.param("2.0", "got 2.0", id="float"),
+        pytest.param("[2.0]", "got 2.0", id="float-in-list"),
+        pytest.param("not-all", "got 'not-all'", id="not-all"),
+    ],
+)
+def test_devices_values_the_reference_refuses(devices: str, fragment: str) -> None:
+    error = error_of(shared("2", devices=devices))
+    assert error.path.startswith("sharing.timeSlicing.resources[0].devices")
+    assert fragment in error.message
+
+
+@pytest.mark.parametrize("ids", ["[]", "[0]"])
+def test_imex_channel_ids_the_reference_accepts(ids: str) -> None:
+    parsed = parse_config(f"imex: {{channelIDs: {ids}, required: true}}")
+    assert parsed.warnings == (
+        "imex (channelIDs, required): not used by this plugin (IMEX channels are not "
+        "supported); ignored",
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "fragment"),
+    [
+        pytest.param("imex: {channelIDs: [1]}", "imex.channelIDs", "must be [] or [0]", id="one"),
+        pytest.param("imex: {channelIDs: [0, 0]}", "imex.channelIDs", "got [0, 0]", id="twice"),
+        pytest.param("imex: {channelIDs: 0}", "imex.channelIDs", "must be a list", id="scalar"),
+        pytest.param("imex: {required: 'yes'}", "imex.required", "true or false", id="required"),
+        pytest.param(
+            "flags: {deviceDiscoveryStrategy: gpu}",
+            "flags.deviceDiscoveryStrategy",
+            "must be one of auto, nvml, tegra, got 'gpu'",
+            id="discovery-strategy",
+        ),
+        pytest.param(
+            "flags: {migStrategy: mixed, mpsRoot: /run/nvidia/mps}\n"
+            "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}",
+            "sharing.mps",
+            "MPS sharing cannot be used with migStrategy mixed",
+            id="mps-mixed",
+        ),
+        pytest.param(
+            "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}",
+            "flags.mpsRoot",
+            "sharing.mps needs the MPS daemon's root directory here",
+            id="mps-without-root",
+        ),
+    ],
+)
+def test_start_up_refusals_of_the_reference(text: str, path: str, fragment: str) -> None:
+    error = error_of(text)
+    assert error.path == path
+    assert fragment in error.message
+
+
+def test_summary_shows_a_device_count() -> None:
+    text = shared("2", devices="3", rename="gpu.shared")
+    assert "nvidia.com/gpu[first 3] x2 as nvidia.com/gpu.shared" in summary(
+        parse_config(text).config
+    )
 
 
 # --- summary -------------------------------------------------------------------------------------

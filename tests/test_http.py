@@ -38,6 +38,7 @@ PRESET = "a100-80gb-x8-mixed"
 CONFIG = SEED_CONFIG
 GPU, MIG = "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"
 EVENT = re.compile(r"[a-z]+(\.[a-z-]+)+")
+WAIT = 60.0  # a deadline for conditions, generous for a loaded machine; met at once normally
 
 
 async def request(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -67,7 +68,7 @@ def sample(text: bytes, name: str, **labels: str) -> float:
     return total
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -96,7 +97,7 @@ class Plugin:
         return body
 
     async def scrape_until(self, predicate: Callable[[bytes], bool]) -> bytes:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + WAIT
         while not predicate(body := await self.metrics()):
             assert time.monotonic() < deadline, "metric not reached in time"
             await asyncio.sleep(0.05)
@@ -113,14 +114,16 @@ class Plugin:
 
 
 @contextlib.asynccontextmanager
-async def running_plugin() -> AsyncIterator[Plugin]:
-    """serve with --http-address 127.0.0.1:0 on the preset, registered with the emulators."""
+async def running_plugin(config_dir: str = "") -> AsyncIterator[Plugin]:
+    """serve with --http-address 127.0.0.1:0 on the preset, registered with the emulators; the
+    config file is in the `config_dir` directory of the plugin's root."""
     root = Path(tempfile.mkdtemp(prefix="dp"))
     kubelet_dir = root / "device-plugins"
     kubelet, pods = KubeletEmulator(kubelet_dir), PodResourcesEmulator(root)
     await kubelet.start()
     await pods.start()
-    config, events = root / "config.yaml", root / "events.jsonl"
+    config, events = root / config_dir / "config.yaml", root / "events.jsonl"
+    config.parent.mkdir(exist_ok=True)
     config.write_text(CONFIG.format(replicas=2))
     events.touch()
     settings = Settings(
@@ -189,16 +192,17 @@ def test_counters_move_with_allocate_health_and_reload(caplog: pytest.LogCapture
             physical = replica.split("::")[0]
             with plugin.events.open("a") as file:
                 file.write(json.dumps({"uuid": physical, "xid": 79}) + "\n")
-            await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 6)
-            sick = await plugin.metrics()
-            assert sample(sick, "deviceplugin_health_events_total", xid="79") == 1
+            assert await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 6, WAIT)
+            health = "deviceplugin_health_events_total"
+            sick = await plugin.scrape_until(lambda body: sample(body, health, xid="79") == 1)
             assert sample(sick, "deviceplugin_devices", resource=GPU, health="Unhealthy") == 2
 
             applied = "deviceplugin_config_reloads_total"
             replace_config(plugin.config, CONFIG.format(replicas=4))
-            await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16)
+            assert await kubelet.wait_for(lambda: len(kubelet.devices(GPU)) == 16, WAIT)
             reloaded = await plugin.metrics()
             assert sample(reloaded, applied, result="applied") == 1
+            assert sample(reloaded, "deviceplugin_config_last_reload_successful") == 1
             assert sample(reloaded, "deviceplugin_devices", resource=GPU) == 16
 
             replace_config(plugin.config, CONFIG.format(replicas=1))  # replicas < 2: invalid
@@ -206,8 +210,11 @@ def test_counters_move_with_allocate_health_and_reload(caplog: pytest.LogCapture
             rejected = await plugin.metrics()
             assert sample(rejected, applied, result="rejected") == 1  # judged once per content
             assert sample(rejected, "deviceplugin_devices", resource=GPU) == 16
+            assert sample(rejected, "deviceplugin_config_last_reload_successful") == 0
             status = json.loads((await get(plugin.port, "/status"))[2])
             assert "replicas" in status["config"]["last_error"]
+            field = status["config"]["last_error_field"]
+            assert field == "sharing.timeSlicing.resources[0].replicas"
 
     asyncio.run(scenario())
     ours = [r for r in caplog.records if r.name.startswith("deviceplugin")]
@@ -284,8 +291,7 @@ def test_pod_gauge_follows_the_kubelet_assignments(monkeypatch: pytest.MonkeyPat
             await asyncio.gather(*(plugin.metrics() for _ in range(5)))
             assert plugin.pods.calls == calls  # asked at most once per refresh period
             plugin.pods.release("ml", "trainer-0")
-            await asyncio.sleep(0.35)
-            assert sample(await plugin.metrics(), name) == 1
+            await plugin.scrape_until(lambda body: sample(body, name) == 1)
 
             status = json.loads((await get(plugin.port, "/status"))[2])
             assert status["pods"]["known"] is True
@@ -294,8 +300,7 @@ def test_pod_gauge_follows_the_kubelet_assignments(monkeypatch: pytest.MonkeyPat
             assert holders[replica] == []
 
             await plugin.pods.stop()
-            await asyncio.sleep(0.35)
-            assert sample(await plugin.metrics(), name) == 0
+            await plugin.scrape_until(lambda body: sample(body, name) == 0)
             status = json.loads((await get(plugin.port, "/status"))[2])
             assert status["pods"]["known"] is False
             assert "not found: pod assignments unknown" in status["pods"]["note"]

@@ -25,10 +25,15 @@ def mig(gpu: int, n: int, profile: str = "1g.10gb", g: int = 1, c: int = 1) -> M
     )
 
 
-def gpu(index: int, migs: tuple[MigDevice, ...] | None = None, numa: int | None = 0) -> Gpu:
+def gpu(
+    index: int,
+    migs: tuple[MigDevice, ...] | None = None,
+    numa: int | None = 0,
+    uuid: str | None = None,
+) -> Gpu:
     return Gpu(
         index=index,
-        uuid=f"GPU-{index}",
+        uuid=uuid or f"GPU-{index}",
         name="NVIDIA A100-SXM4-80GB",
         memory_mib=81920,
         minor=index,
@@ -159,19 +164,69 @@ def test_rename_by_default_and_fail_requests_flag() -> None:
     assert len(shared.devices) == 6 and shared.fail_requests_greater_than_one
 
 
+UUID3 = "GPU-b1028956-cfa2-0990-bf4a-5da9abb51763"
+
+
 def test_dedicated_and_shared_side_by_side() -> None:
     raw = sharing(
         {
             "name": "nvidia.com/gpu",
             "rename": "nvidia.com/gpu.shared",
-            "devices": ["1", "GPU-3"],
+            "devices": ["1", UUID3],
             "replicas": 4,
         }
     )
-    plan = build_plan(node(gpu(0), gpu(1), gpu(2), gpu(3)), config(**raw))
+    plan = build_plan(node(gpu(0), gpu(1), gpu(2), gpu(3, uuid=UUID3)), config(**raw))
     assert [d.id for d in plan.resources["nvidia.com/gpu"].devices] == ["GPU-0", "GPU-2"]
     shared = plan.resources["nvidia.com/gpu.shared"].devices
-    assert {d.physical_uuid for d in shared} == {"GPU-1", "GPU-3"} and len(shared) == 8
+    assert {d.physical_uuid for d in shared} == {"GPU-1", UUID3} and len(shared) == 8
+
+
+def test_a_device_count_shares_the_first_devices_by_index() -> None:
+    raw = sharing(
+        {"name": "nvidia.com/gpu", "rename": "nvidia.com/gpu.shared", "devices": 2, "replicas": 2}
+    )
+    plan = build_plan(node(gpu(2), gpu(0), gpu(3), gpu(1)), config(**raw))
+    assert [d.id for d in plan.resources["nvidia.com/gpu"].devices] == ["GPU-2", "GPU-3"]
+    shared = plan.resources["nvidia.com/gpu.shared"].devices
+    assert [d.id for d in shared] == ["GPU-0::0", "GPU-0::1", "GPU-1::0", "GPU-1::1"]
+
+
+def test_a_count_of_every_device_needs_no_rename() -> None:
+    raw = sharing({"name": "nvidia.com/gpu", "devices": 2, "replicas": 3})
+    plan = build_plan(node(gpu(0), gpu(1)), config(**raw))
+    assert list(plan.resources) == ["nvidia.com/gpu"]
+    assert len(plan.resources["nvidia.com/gpu"].devices) == 6
+
+
+def test_a_count_above_the_devices_on_the_node_is_refused() -> None:
+    raw = sharing({"name": "nvidia.com/gpu", "devices": 3, "replicas": 2})
+    with pytest.raises(ConfigError) as caught:
+        build_plan(node(gpu(0), gpu(1)), config(**raw))
+    assert caught.value.path == "sharing.timeSlicing.resources[0].devices"
+    assert "asks to share 3 devices, but this node has only 2 nvidia.com/gpu devices" in str(
+        caught.value
+    )
+
+
+def test_a_legacy_mig_reference_selects_its_mig_device() -> None:
+    legacy = f"MIG-{UUID3}/8/0"  # gpu_instance_id 8 is the second MIG device of mig()
+    raw = {
+        "flags": {"migStrategy": "mixed"},
+        **sharing(
+            {
+                "name": "nvidia.com/mig-1g.10gb",
+                "rename": "nvidia.com/mig-1g.10gb.shared",
+                "devices": [legacy],
+                "replicas": 2,
+            }
+        ),
+    }
+    migs = (mig(0, 0), mig(0, 1))
+    plan = build_plan(node(gpu(0, migs, uuid=UUID3)), config(**raw))
+    shared = plan.resources["nvidia.com/mig-1g.10gb.shared"].devices
+    assert {d.physical_uuid for d in shared} == {"MIG-0-1"}
+    assert [d.id for d in plan.resources["nvidia.com/mig-1g.10gb"].devices] == ["MIG-0-0"]
 
 
 def test_time_slicing_a_mig_resource() -> None:
@@ -206,6 +261,59 @@ def test_sharing_that_contradicts_the_node(raw: dict[str, Any], path: str) -> No
     with pytest.raises(ConfigError) as caught:
         build_plan(node(gpu(0, SEVEN[:1]), gpu(1), gpu(2)), config(**raw))
     assert caught.value.path == path
+
+
+@pytest.mark.parametrize(
+    ("resources", "path", "fragment"),
+    [
+        pytest.param(
+            {"gpus": [{"pattern": "*", "name": "mig-1g.10gb"}]},
+            "resources.gpus[0].name",
+            "renames whole GPUs to nvidia.com/mig-1g.10gb, the name the node's 1g.10gb MIG "
+            "devices already have",
+            id="gpus-onto-a-mig-profile",
+        ),
+        pytest.param(
+            {"mig": [{"pattern": "1g.10gb", "name": "gpu"}]},
+            "resources.mig[0].name",
+            "renames 1g.10gb MIG devices to nvidia.com/gpu, the name the node's whole GPUs",
+            id="mig-onto-whole-gpus",
+        ),
+        pytest.param(
+            {"mig": [{"pattern": "1g.10gb", "name": "mig-2g.20gb"}]},
+            "resources.mig[0].name",
+            "renames 1g.10gb MIG devices to nvidia.com/mig-2g.20gb, the name the node's 2g.20gb",
+            id="mig-onto-another-profile",
+        ),
+        pytest.param(
+            {
+                "gpus": [{"pattern": "*", "name": "any"}],
+                "mig": [{"pattern": "*", "name": "any"}],
+            },
+            "resources.gpus[0].name",
+            "renames whole GPUs to nvidia.com/any, the name the node's 1g.10gb MIG devices",
+            id="both-renamed-onto-one-name",
+        ),
+    ],
+)
+def test_a_rename_onto_a_name_other_devices_have_is_refused(
+    resources: dict[str, Any], path: str, fragment: str
+) -> None:
+    inventory = node(gpu(0, (mig(0, 0), mig(0, 1, "2g.20gb", g=2, c=2))), gpu(1))
+    raw = {"flags": {"migStrategy": "mixed"}, "resources": resources}
+    with pytest.raises(ConfigError) as caught:
+        build_plan(inventory, config(**raw))
+    assert caught.value.path == path
+    assert fragment in caught.value.message
+
+
+def test_renames_within_one_family_may_share_a_name() -> None:
+    inventory = node(gpu(0, (mig(0, 0), mig(0, 1, "2g.20gb", g=2, c=2))), gpu(1))
+    raw = {
+        "flags": {"migStrategy": "mixed"},
+        "resources": {"mig": [{"pattern": "*", "name": "mig-any"}]},
+    }
+    assert counts(inventory, config(**raw)) == {"nvidia.com/gpu": 1, "nvidia.com/mig-any": 2}
 
 
 def test_sharing_an_absent_resource_warns() -> None:

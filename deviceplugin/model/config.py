@@ -27,6 +27,7 @@ from deviceplugin.model.config_keys import (
     given_overrides,
     join,
     put,
+    quote,
     read_document,
     read_file,
     scan_keys,
@@ -40,7 +41,14 @@ SharedDevicesAllocationPolicy = Literal["distributed", "packed"]
 
 MAX_REPLICAS = 1024  # beyond this a node's device list outgrows a ListAndWatch message
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DEVICE_ID = re.compile(r"\d+(:\d+)?|(GPU|MIG)-.+")
+_UINT = re.compile(r"[0-9]{1,20}")  # Go's strconv.ParseUint: ASCII digits, no sign, < 2**64
+_HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+# The forms Go's uuid.Parse reads: canonical, 32 hex digits, urn:uuid: and braced
+_UUID = re.compile(rf"{_HEX_UUID}|[0-9a-fA-F]{{32}}|(?i:urn:uuid:){_HEX_UUID}|\{{{_HEX_UUID}\}}")
+_DEVICE_REF_FORMS = (
+    "a GPU index (0), a MIG index (0:1), GPU-<uuid>, MIG-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>"
+)
+DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
 
 
 def qualify_resource_name(name: str) -> str:
@@ -49,7 +57,7 @@ def qualify_resource_name(name: str) -> str:
     full = name if "/" in name else f"nvidia.com/{name}"
     domain, _, short = full.partition("/")
     if len(full) > 63:
-        raise ValueError(f"'{full}' is longer than 63 characters")
+        raise ValueError(f"{quote(full)} is longer than 63 characters")
     if "kubernetes.io/" in full:
         raise ValueError(f"'{full}': the kubernetes.io domain is reserved for Kubernetes")
     if not _DNS_SUBDOMAIN.fullmatch(domain) or "/" in short:
@@ -60,6 +68,11 @@ def qualify_resource_name(name: str) -> str:
             "starting and ending with a letter or digit"
         )
     return full
+
+
+def _is_uint(value: object) -> bool:
+    """A list item the reference reads as a GPU index: a JSON number that fits a uint."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
 
 
 def _error_at(subpath: str, message: str) -> PydanticCustomError:
@@ -107,7 +120,7 @@ class PluginFlags(_Model):
     def _prefix(cls, value: str) -> str:
         if not value.endswith("/") or not _DNS_SUBDOMAIN.fullmatch(value[:-1]):
             raise ValueError(
-                f"must be a DNS domain followed by '/', e.g. cdi.k8s.io/, got '{value}'"
+                f"must be a DNS domain followed by '/', e.g. cdi.k8s.io/, got {quote(value)}"
             )
         return value
 
@@ -126,7 +139,9 @@ class Flags(_Model):
     @classmethod
     def _absolute(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
-            raise ValueError(f"must be an absolute path, got '{value}'")
+            raise ValueError(f"must be an absolute path, got {quote(value)}")
+        if value is not None and "\0" in value:
+            raise ValueError("must not contain a NUL character")
         return value
 
     @property
@@ -153,12 +168,42 @@ class ResourcePattern(_Model):
         return qualify_resource_name(value)
 
 
+def is_device_ref(text: str) -> bool:
+    """Whether `text` names a device as the reference's `devices` list accepts it: a GPU index,
+    a MIG index `i:j`, `GPU-<uuid>`, `MIG-<uuid>`, or the legacy `MIG-GPU-<uuid>/<gi>/<ci>`."""
+    if _uint(text):
+        return True
+    major, colon, minor = text.partition(":")
+    if colon and _uint(major) and _uint(minor):
+        return True
+    if text.startswith("GPU-"):
+        return _UUID.fullmatch(text[4:]) is not None
+    if not text.startswith("MIG-"):
+        return False
+    suffix = text[4:]
+    if _UUID.fullmatch(suffix):
+        return True
+    parts = suffix.split("/", 2)
+    return (
+        len(parts) == 3
+        and parts[0].startswith("GPU-")
+        and _UUID.fullmatch(parts[0][4:]) is not None
+        and _uint(parts[1])
+        and _uint(parts[2])
+    )
+
+
+def _uint(text: str) -> bool:
+    return _UINT.fullmatch(text) is not None and int(text) < 2**64
+
+
 class ReplicatedResource(_Model):
     """One shared resource: which devices of `name` are advertised `replicas` times, under what."""
 
     name: str  # fully qualified, e.g. nvidia.com/gpu (a short "gpu" is qualified on load)
     rename: str | None = None
-    devices: Literal["all"] | tuple[str, ...] = "all"  # "all", or GPU indices / UUIDs as strings
+    # "all"; a count N (the first N devices, by index); or GPU/MIG indices and UUIDs as strings
+    devices: Literal["all"] | int | tuple[str, ...] = "all"
     replicas: int
 
     @field_validator("name", "rename")
@@ -168,38 +213,36 @@ class ReplicatedResource(_Model):
 
     @field_validator("devices", mode="before")
     @classmethod
-    def _device_ids(cls, value: object) -> object:
+    def _device_refs(cls, value: object) -> object:
         if value == "all":
             return value
         if isinstance(value, int) and not isinstance(value, bool):
-            raise ValueError(
-                f"a device count ({value}) is not supported: list the GPU indices or UUIDs "
-                "to share, e.g. [0, 1], or use 'all'"
-            )
+            if value <= 0:
+                raise ValueError(f"a count of devices must be > 0, got {describe(value)}")
+            return value
         if not isinstance(value, list | tuple):
             raise ValueError(
-                f"must be 'all' or a list of GPU indices or UUIDs, got {describe(value)}"
+                "must be 'all', a count of devices, or a list of GPU indices or UUIDs, "
+                f"got {describe(value)}"
             )
         if not value:
             raise ValueError("must list at least one device, or be 'all'")
-        ids: list[str] = []
+        refs: list[str] = []
         for position, item in enumerate(value):
-            text = str(item) if isinstance(item, int) and not isinstance(item, bool) else item
-            if not isinstance(text, str) or not _DEVICE_ID.fullmatch(text):
+            text = str(item) if _is_uint(item) else item
+            if not isinstance(text, str) or not is_device_ref(text):
                 raise _error_at(
-                    f"[{position}]",
-                    "must be a GPU index (0), a MIG index (0:1), or a GPU-/MIG- UUID, "
-                    f"got {describe(item)}",
+                    f"[{position}]", f"must be {_DEVICE_REF_FORMS}, got {describe(item)}"
                 )
-            ids.append(text)
-        return tuple(dict.fromkeys(ids))
+            refs.append(text)
+        return tuple(dict.fromkeys(refs))
 
     @field_validator("replicas")
     @classmethod
     def _replicas(cls, value: int) -> int:
         if not 2 <= value <= MAX_REPLICAS:
             bound = ">= 2" if value < 2 else f"<= {MAX_REPLICAS}"
-            raise ValueError(f"must be {bound}, got {value}")
+            raise ValueError(f"must be {bound}, got {describe(value)}")
         return value
 
 
@@ -259,6 +302,23 @@ class Resources(_Model):
     mig: tuple[ResourcePattern, ...] = ()
 
 
+class Imex(_Model):
+    """`imex`: read so that what the reference refuses at start-up is refused here too; IMEX
+    channels are not injected."""
+
+    channel_ids: tuple[int, ...] = Field(default=(), alias="channelIDs")
+    required: bool = False
+
+    @field_validator("channel_ids")
+    @classmethod
+    def _zero_or_none(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if value not in ((), (0,)):
+            shown = ", ".join(describe(item) for item in value[:5])
+            more = ", ..." if len(value) > 5 else ""
+            raise ValueError(f"must be [] or [0] (channel 0 is the only one), got [{shown}{more}]")
+        return value
+
+
 class Config(_Model):
     """A whole v1 config; the defaults are those of an empty file."""
 
@@ -273,7 +333,7 @@ class Config(_Model):
         if value == "":
             return "v1"
         if isinstance(value, str) and value != "v1":
-            raise ValueError(f"unknown version '{value}': only v1 is supported")
+            raise ValueError(f"unknown version {quote(value)}: only v1 is supported")
         return value
 
 
@@ -286,7 +346,8 @@ class ParsedConfig:
 
 
 def parse_config(text: str, source: str = "<config>") -> ParsedConfig:
-    """Validate a v1 config given as YAML or JSON text; an empty document means all defaults."""
+    """Validate a v1 config given as YAML or JSON text; a document with no content is an error
+    (`version: v1` gives the defaults)."""
     return _build(read_document(text, source), ())
 
 
@@ -302,10 +363,12 @@ def load_config(
 
 
 def load_config_text(
-    text: str, source: str | None, cli: Mapping[str, str | None], env: Mapping[str, str]
+    text: str | None, source: str | None, cli: Mapping[str, str | None], env: Mapping[str, str]
 ) -> ParsedConfig:
-    """`load_config` on text already read (so a caller can compare it before parsing)."""
-    return _with_overrides(read_document(text, source or "<config>"), cli, env)
+    """`load_config` on text already read (so a caller can compare it before parsing); None
+    stands for no config file, the defaults."""
+    document = {} if text is None else read_document(text, source or "<config>")
+    return _with_overrides(document, cli, env)
 
 
 def _with_overrides(
@@ -333,7 +396,9 @@ def summary(config: Config) -> str:
         shared = []
         for entry in slicing.resources:
             text = entry.name
-            if entry.devices != "all":
+            if isinstance(entry.devices, int):
+                text += f"[first {entry.devices}]"
+            elif entry.devices != "all":
                 text += f"[{','.join(entry.devices)}]"
             text += f" x{entry.replicas}"
             if slicing.advertised_name(entry) != entry.name:
@@ -351,6 +416,7 @@ def _build(document: Mapping[str, object], overrides: Sequence[Given]) -> Parsed
         put(scan.known, given.path, given.value)
     labels = {given.path: given.label for given in overrides}
     config = _validate(Config, scan.known, "", labels)
+    _check_unused(scan.unused, config)
     warnings: list[str] = []
     for path, value in scan.unused.items():
         if path == "sharing.mps":
@@ -364,6 +430,30 @@ def _build(document: Mapping[str, object], overrides: Sequence[Given]) -> Parsed
             keys = f" ({', '.join(value)})" if isinstance(value, dict) else ""
             warnings.append(f"{path}{keys}: not used by this plugin ({UNUSED[path]}); ignored")
     return ParsedConfig(config=config, warnings=tuple(warnings))
+
+
+def _check_unused(unused: Mapping[str, object], config: Config) -> None:
+    """Keys this plugin does not act on, refused where the reference refuses them at start-up,
+    so a file is accepted or refused here as it is there."""
+    if "imex" in unused:
+        _validate(Imex, unused["imex"], "imex", {})
+    strategy = unused.get("flags.deviceDiscoveryStrategy")
+    if strategy is not None and strategy not in DISCOVERY_STRATEGIES:
+        raise ConfigError(
+            "flags.deviceDiscoveryStrategy",
+            f"must be one of {', '.join(DISCOVERY_STRATEGIES)}, got {describe(strategy)}",
+        )
+    if "sharing.mps" in unused:
+        _validate(TimeSlicing, unused["sharing.mps"], "sharing.mps", {})
+        if config.flags.mig_strategy == "mixed":
+            raise ConfigError("sharing.mps", "MPS sharing cannot be used with migStrategy mixed")
+        root = unused.get("flags.mpsRoot")
+        if not isinstance(root, str) or not root:
+            raise ConfigError(
+                "flags.mpsRoot",
+                "sharing.mps needs the MPS daemon's root directory here (e.g. /run/nvidia/mps), "
+                f"got {describe(root)}",
+            )
 
 
 _M = TypeVar("_M", bound=BaseModel)
@@ -412,6 +502,8 @@ def _message(error: ErrorDetails) -> str:
         return f"must be {_TYPES[kind]}, got {describe(given)}{quoted}"
     if kind == "literal_error":
         return f"must be {(error.get('ctx') or {}).get('expected')}, got {describe(given)}"
+    if kind == "json_invalid":  # what JSON and YAML let through but is no text: "\ud800"
+        return "the document holds a lone surrogate escape (such as \\ud800), which is not text"
     return error["msg"].removeprefix("Value error, ")
 
 

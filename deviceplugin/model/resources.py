@@ -3,6 +3,8 @@
 Applies the MIG strategy (`none`, `single`, `mixed`, as the reference plugin does), then
 time-slicing (replica IDs `<uuid>::<n>`, `rename`, `renameByDefault`, and — unlike the reference —
 the `devices` selection, so dedicated and shared GPUs can sit side by side), then health.
+A rename, in whichever section, never lands on a name other devices already have: whole GPUs
+and MIG devices, or two MIG profiles, are never merged into one resource by accident.
 Pure functions: the same inputs always give the same, deterministically ordered, sets.
 """
 
@@ -135,10 +137,42 @@ def _glob_match(pattern: str, value: str) -> bool:
 
 
 def _rename(patterns: Iterable[ResourcePattern], value: str, default: str) -> str:
-    for rule in patterns:
+    return _named(patterns, value, default)[0]
+
+
+def _named(patterns: Iterable[ResourcePattern], value: str, default: str) -> tuple[str, int | None]:
+    """The name for `value` and the position of the rule that gave it (None: the default)."""
+    for position, rule in enumerate(patterns):
         if _glob_match(rule.pattern, value):
-            return rule.name
-    return default
+            return rule.name, position
+    return default, None
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """What put devices under a resource name: their kind and the rule that renamed them."""
+
+    kind: str  # "whole GPUs", or "<profile> MIG devices"
+    whole: bool
+    field: str | None  # e.g. resources.mig[0].name; None for the default name
+
+
+def _check_renames(origins: Mapping[str, list[_Origin]]) -> None:
+    """A rename may share its name only with other renamed devices of the same family: never
+    whole GPUs with MIG devices, never onto a name some devices have by default."""
+    for name, kinds in origins.items():
+        default = next((kind for kind in kinds if kind.field is None), None)
+        other = default or kinds[0]
+        renamer = next(
+            (k for k in kinds if k is not other and (default or k.whole != other.whole)), None
+        )
+        if renamer is None:
+            continue
+        raise ConfigError(
+            renamer.field or "resources",
+            f"renames {renamer.kind} to {name}, the name the node's {other.kind} already have; "
+            "a rename must not merge different kinds of devices into one resource",
+        )
 
 
 def _group(pairs: Iterable[tuple[str, Device]]) -> dict[str, list[Device]]:
@@ -195,9 +229,19 @@ def _strategy_mixed(
     inventory: Inventory, config: Config, warnings: list[str]
 ) -> dict[str, list[Device]]:
     pairs: list[tuple[str, Device]] = []
+    origins: dict[str, list[_Origin]] = {}
+
+    def seen(name: str, kind: str, whole: bool, field: str, position: int | None) -> None:
+        kinds = origins.setdefault(name, [])
+        if all(origin.kind != kind for origin in kinds):
+            rule = None if position is None else f"{field}[{position}].name"
+            kinds.append(_Origin(kind, whole, rule))
+
     for gpu in inventory.gpus:
         if not gpu.mig_enabled:
-            pairs.append((_rename(config.resources.gpus, gpu.name, GPU_RESOURCE), _gpu_device(gpu)))
+            name, position = _named(config.resources.gpus, gpu.name, GPU_RESOURCE)
+            seen(name, "whole GPUs", True, "resources.gpus", position)
+            pairs.append((name, _gpu_device(gpu)))
             continue
         if not gpu.mig_devices:
             warnings.append(
@@ -205,22 +249,28 @@ def _strategy_mixed(
             )
         for mig in gpu.mig_devices:
             default = mig_resource_name(mig.profile)
-            name = _rename(config.resources.mig, mig.profile, default)
+            name, position = _named(config.resources.mig, mig.profile, default)
             if mig.compute_slices != mig.gpu_slices and name == default:
                 warnings.append(
                     f"MIG device {mig.uuid} on GPU {gpu.index} has compute-instance profile "
                     f"{mig.profile}, which has no resource name; skipped"
                 )
                 continue
+            seen(name, f"{mig.profile} MIG devices", False, "resources.mig", position)
             pairs.append((name, _mig_device(gpu, mig)))
+    _check_renames(origins)
     return _group(pairs)
 
 
 def _keys(device: Device) -> set[str]:
-    """What a `devices:` entry may name a device by: its UUID or index (a GPU's own UUID too)."""
+    """What a `devices:` entry may name a device by: its UUID or index (a GPU's own UUID too),
+    and a MIG device by the legacy `MIG-<GPU uuid>/<gi>/<ci>` too."""
     keys = {device.physical_uuid, device.index_id}
     if device.mig is None:
         keys.add(device.gpu_uuid)
+    else:
+        mig = device.mig
+        keys.add(f"MIG-{device.gpu_uuid}/{mig.gpu_instance_id}/{mig.compute_instance_id}")
     return keys
 
 
@@ -293,6 +343,15 @@ def _select(
 ) -> tuple[list[Device], list[Device]]:
     if entry.devices == "all":
         return devices, []
+    if isinstance(entry.devices, int):  # the first N, as the reference shares a count
+        if entry.devices > len(devices):
+            raise ConfigError(
+                f"{path}.devices",
+                f"asks to share {entry.devices} devices, but this node has only "
+                f"{len(devices)} {entry.name} device{'s' if len(devices) != 1 else ''}",
+            )
+        ordered = list(_ordered(devices))
+        return ordered[: entry.devices], ordered[entry.devices :]
     selectors = set(entry.devices)
     chosen: list[Device] = []
     kept: list[Device] = []

@@ -18,14 +18,16 @@ class Status:
     nvml_available: bool
     kubelet_restarting: bool
     config_source: str | None
-    last_config_error: str | None
+    last_config_error: str | None  # why the file's latest content was refused; None when it wasn't
     started: bool
     cdi_spec_error: str | None = None  # why the CDI spec could not be written; None when it was
+    last_config_error_field: str | None = None  # the field last_config_error names, "" for none
 
     @property
     def not_ready(self) -> list[str]:
         """Why the plugin is not ready; empty when it is. Before start-up has finished the plugin
-        advertises nothing yet, which would otherwise read as "everything registered"."""
+        advertises nothing yet, which would otherwise read as "everything registered". A refused
+        config file is not a reason: serving the last good config is healthy."""
         if not self.started:
             return ["starting"]
         reasons: list[str] = []
