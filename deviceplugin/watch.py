@@ -1,9 +1,14 @@
 """File-system watchers that turn outside changes into supervisor triggers.
 
-Two watchdog observers, each on a DIRECTORY:
-- the config file's directory: a ConfigMap volume is updated by renaming `..data_tmp` over the
-  `..data` symlink, which a watch on the file itself never sees. Any event there schedules a
-  reload; the supervisor compares content, so spurious events cost one read.
+Two kinds of watch, each on DIRECTORIES:
+- the config file (`ConfigWatch`): a ConfigMap volume is updated by renaming `..data_tmp` over
+  the `..data` symlink, which a watch on the file itself never sees, so the file's directory is
+  watched; so is the directory of every symlink the path leads through and of the file it ends
+  at (a config linked to another directory). A watched directory deleted and made again is
+  watched anew, and one that is missing is waited for from its nearest existing parent. Any
+  relevant event schedules a reload; the supervisor compares content, so spurious events cost
+  one read. Every CONFIG_CHECK_SECONDS a stat of the file (through its links) catches what the
+  events missed, so the watch never stops silently.
 - the kubelet directory: `kubelet.sock` created anew, or one of our sockets deleted (the kubelet
   deletes plugin sockets when it starts), schedules a kubelet-restart check.
 Observer threads never touch state: they post to the event loop with call_soon_threadsafe, and
@@ -13,14 +18,17 @@ bursts of events collapse into one trigger.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
 from collections.abc import Callable, Coroutine, Set
 from pathlib import Path
 from typing import Any
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver, ObservedWatch
 
 from deviceplugin.background import spawn
 from deviceplugin.kubelet.registration import KUBELET_SOCKET
@@ -31,6 +39,8 @@ logger = logging.getLogger(__name__)
 Trigger = Callable[[], Coroutine[Any, Any, Any]]
 # Events that change what is on disk; opening or reading a file (as every reload does) is not one.
 CHANGES = frozenset({"created", "modified", "moved", "deleted", "closed"})
+CONFIG_CHECK_SECONDS = 5.0  # how often the config file is stat'ed, whatever the events say
+_MAX_LINKS = 40  # symlinks followed from the config path, as the kernel's limit
 
 
 class Debounced:
@@ -71,12 +81,191 @@ def _names(event: FileSystemEvent) -> set[str]:
     return {os.path.basename(os.fsdecode(p)) for p in paths if p}
 
 
+def _identity(directory: str) -> tuple[int, int] | None:
+    """Which directory is at a path now (a new one if it was deleted and made again)."""
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _fingerprint(path: Path) -> tuple[object, ...]:
+    """What changes when the config file's content may have: where its links lead, its inode,
+    size and times; a file that cannot be stat'ed reads as why not."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        return ("missing", exc.errno)
+    return (
+        os.path.realpath(path),
+        info.st_dev,
+        info.st_ino,
+        info.st_size,
+        info.st_mtime_ns,
+        info.st_ctime_ns,
+    )
+
+
+def config_targets(path: Path) -> dict[str, frozenset[str]]:
+    """Directory -> the names in it whose changes matter: the path as given (and a ConfigMap's
+    `..data` beside it), each symlink it leads through and the file it ends at. A directory
+    that does not exist is stood for by its nearest existing parent, watching the name that
+    leads towards it, so its re-creation is seen."""
+    found: dict[str, set[str]] = {}
+
+    def add(place: str, name: str) -> None:
+        directory = place
+        while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+            directory, name = os.path.dirname(directory), os.path.basename(directory)
+        found.setdefault(directory, set()).add(name)
+
+    given = os.path.abspath(path)
+    add(os.path.dirname(given), os.path.basename(given))
+    add(os.path.dirname(given), "..data")
+    hop = given
+    for _ in range(_MAX_LINKS):
+        try:
+            link = os.readlink(hop)
+        except OSError:
+            break
+        hop = os.path.normpath(os.path.join(os.path.dirname(hop), link))
+        add(os.path.dirname(hop), os.path.basename(hop))
+    real = os.path.realpath(given)
+    add(os.path.dirname(real), os.path.basename(real))
+    return {directory: frozenset(names) for directory, names in found.items()}
+
+
+class ConfigWatch:
+    """Follows one config file through ConfigMap swaps, symlinks into other directories and its
+    directory being deleted and made again; calls `on_change` on the loop when it may have
+    changed."""
+
+    def __init__(
+        self,
+        observer: BaseObserver,
+        loop: asyncio.AbstractEventLoop,
+        path: Path,
+        on_change: Trigger,
+        delay: float,
+    ) -> None:
+        self._observer = observer
+        self._loop = loop
+        self._path = path
+        self._on_change = on_change
+        self._debounced = Debounced(loop, self._changed, delay)
+        self._lock = threading.Lock()  # re-arming runs on worker threads, one at a time
+        self._watches: dict[str, tuple[ObservedWatch, tuple[int, int]]] = {}
+        self._relevant: dict[str, frozenset[str]] = {}  # replaced whole; read by observer threads
+        self._fingerprint: tuple[object, ...] = ()
+        self._lost = False
+        self._poller: asyncio.Task[None] | None = None
+
+    def start(self, check_every: float = CONFIG_CHECK_SECONDS) -> None:
+        """Watch now, and stat the file every `check_every` seconds. Call on the loop."""
+        self._rearm()
+        self._poller = self._loop.create_task(self._poll(check_every))
+
+    def stop(self) -> None:
+        """Stop the periodic check; callable from any thread."""
+        if self._poller is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed already
+                self._loop.call_soon_threadsafe(self._poller.cancel)
+
+    async def check(self) -> bool:
+        """Re-arm the watches and stat the file; reload when the stat differs from the last
+        one. True when it did."""
+        if not await asyncio.to_thread(self._rearm):
+            return False
+        await self._on_change()
+        return True
+
+    async def _poll(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self.check()
+            except Exception:
+                logger.exception("watch.config.check_failed")
+
+    async def _changed(self) -> None:
+        """An event said the file may have changed: follow its links anew, then reload."""
+        await asyncio.to_thread(self._rearm)
+        await self._on_change()
+
+    def _rearm(self) -> bool:
+        """Watch the directories the path leads through now; True when the file's stat changed
+        since the last look."""
+        with self._lock:
+            wanted = config_targets(self._path)
+            self._relevant = dict(wanted)
+            for directory in list(self._watches):
+                watch, identity = self._watches[directory]
+                if directory not in wanted or _identity(directory) != identity:
+                    del self._watches[directory]
+                    with contextlib.suppress(KeyError, OSError):
+                        self._observer.unschedule(watch)
+            for directory in wanted:
+                if directory not in self._watches:
+                    self._schedule(directory)
+            self._report_lost(wanted)
+            fingerprint = _fingerprint(self._path)
+            changed, self._fingerprint = fingerprint != self._fingerprint, fingerprint
+            return changed
+
+    def _schedule(self, directory: str) -> None:
+        identity = _identity(directory)
+        if identity is None:  # gone again already; the next look retries
+            return
+
+        def wanted(event: FileSystemEvent) -> bool:
+            if event.event_type not in CHANGES:
+                return False
+            if os.fsdecode(event.src_path) == directory:  # the directory itself went
+                return True
+            return bool(_names(event) & self._relevant.get(directory, frozenset()))
+
+        try:
+            watch = self._observer.schedule(
+                _Handler(wanted, self._debounced.fire_threadsafe), directory
+            )
+        except OSError as exc:
+            log_event(
+                logger,
+                "watch.config.failed",
+                logging.WARNING,
+                directory=directory,
+                error=exc.strerror or str(exc),
+                fallback=f"the file is checked every {CONFIG_CHECK_SECONDS:g} s",
+            )
+            return
+        self._watches[directory] = (watch, identity)
+
+    def _report_lost(self, wanted: dict[str, frozenset[str]]) -> None:
+        directory = os.path.dirname(os.path.abspath(self._path))
+        lost = directory not in wanted
+        if lost and not self._lost:
+            log_event(
+                logger,
+                "watch.config.lost",
+                logging.WARNING,
+                directory=directory,
+                watching=sorted(wanted),
+                hint="the config directory is gone; it is watched for again, the last good "
+                "config stays in force",
+            )
+        elif self._lost and not lost:
+            log_event(logger, "watch.config.restored", directory=directory)
+        self._lost = lost
+
+
 class Watchers:
-    """The config-directory and kubelet-directory observers of one running plugin."""
+    """The config-file and kubelet-directory watches of one running plugin."""
 
     def __init__(self) -> None:
         self._observer = Observer()
         self._started = False
+        self._config: ConfigWatch | None = None
 
     def watch_config(
         self,
@@ -84,17 +273,18 @@ class Watchers:
         config_file: Path,
         on_change: Trigger,
         delay: float = 0.05,
-    ) -> None:
-        """Reload when the config file, or the ConfigMap's `..data` link, changes."""
-        directory = config_file.parent
-        debounced = Debounced(loop, on_change, delay)
-        relevant = {config_file.name, "..data"}  # the file, or the ConfigMap's symlink swap
-
-        def wanted(event: FileSystemEvent) -> bool:
-            return event.event_type in CHANGES and bool(_names(event) & relevant)
-
-        self._observer.schedule(_Handler(wanted, debounced.fire_threadsafe), str(directory))
-        log_event(logger, "watch.config", directory=str(directory))
+        check_every: float = CONFIG_CHECK_SECONDS,
+    ) -> ConfigWatch:
+        """Reload when the config file may have changed (see `ConfigWatch`). Call on the loop."""
+        self._config = ConfigWatch(self._observer, loop, config_file, on_change, delay)
+        self._config.start(check_every)
+        log_event(
+            logger,
+            "watch.config",
+            directory=str(config_file.parent),
+            check_every_seconds=check_every,
+        )
+        return self._config
 
     def watch_kubelet(
         self,
@@ -122,6 +312,8 @@ class Watchers:
         self._started = True
 
     def stop(self) -> None:
+        if self._config is not None:
+            self._config.stop()
         if self._started:
             self._observer.stop()
             self._observer.join(timeout=2)
