@@ -20,10 +20,11 @@ from deviceplugin.node.discovery import discover
 
 
 def validate_config(settings: Settings) -> int:
-    """Exit 0 with a one-line summary when FILE is valid; 2 naming the offending field if not."""
+    """Exit 0 with a one-line summary when FILE is valid; 2 naming the offending field if not.
+    FILE may be a pipe (`validate-config /dev/stdin < config.yaml`): only this command waits."""
     path = settings.path or ""
     try:
-        parsed = parse_config(read_text(path), source=path)
+        parsed = parse_config(read_text(path, only_regular=False), source=path)
     except ConfigError as exc:
         # Read and syntax errors already name the file; a field error names only the field.
         message = str(exc) if str(exc).startswith(path) else f"{path}: {exc}"

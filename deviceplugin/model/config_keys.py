@@ -174,20 +174,21 @@ _NOT_REGULAR = (
 )
 
 
-def read_text(path: str) -> str:
+def read_text(path: str, only_regular: bool = True) -> str:
     """A config file's text; a file that cannot be read is an error naming it and why.
 
     Only a regular file (after following symlinks) of at most MAX_CONFIG_BYTES is read. It is
     opened without blocking and checked on the open descriptor, so a FIFO or device swapped in
-    at any moment is refused instead of read."""
+    at any moment is refused instead of read. `only_regular` False lets a one-shot command read
+    a pipe or terminal too (`validate-config /dev/stdin`), as much as a file may hold."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(path, f"cannot read config file: {exc.strerror}") from None
     try:
-        size = _regular_size(fd, path)
+        size = _regular_size(fd, path) if only_regular else 0
         if size > MAX_CONFIG_BYTES:
-            raise ConfigError(path, _too_big(f"{size} bytes"))
+            raise ConfigError(path, _too_big(size))
         os.set_blocking(fd, True)
         data = _read_at_most(fd, MAX_CONFIG_BYTES + 1)
     except OSError as exc:
@@ -195,7 +196,7 @@ def read_text(path: str) -> str:
     finally:
         os.close(fd)
     if len(data) > MAX_CONFIG_BYTES:  # it grew while being read
-        raise ConfigError(path, _too_big("more than that"))
+        raise ConfigError(path, _too_big(None))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -211,11 +212,12 @@ def _regular_size(fd: int, path: str) -> int:
     return info.st_size
 
 
-def _too_big(size: str) -> str:
-    return (
-        f"config file is {size}; the limit is {MAX_CONFIG_BYTES} bytes (1 MiB, "
-        "the most a ConfigMap holds)"
-    )
+def _too_big(size: int | None) -> str:
+    """`size` None: more came than the limit (a pipe, a file growing while read)."""
+    limit = f"the limit is {MAX_CONFIG_BYTES} bytes (1 MiB, the most a ConfigMap holds)"
+    if size is None:
+        return f"config file holds more than {MAX_CONFIG_BYTES} bytes; {limit}"
+    return f"config file is {size} bytes; {limit}"
 
 
 def _read_at_most(fd: int, limit: int) -> bytes:
