@@ -1,63 +1,94 @@
-"""The config file of a running DRA driver, followed through reloads.
+"""The config file of a running plugin or DRA driver, followed through reloads.
+
+The file is untrusted input that a reload reads while the plugin serves: reading it, and the
+caller's parsing and planning from it (`step`), run off the event loop within
+CONFIG_STEP_SECONDS each (`offloop.OffLoop`), so a FIFO, a huge file or a stuck file system
+never stops Allocate, Prepare, `/healthz` or SIGTERM; a step that takes longer is a ConfigError
+naming the file.
 
 A reload is asked for at every event in the file's directory (one ConfigMap update makes
 several: the `..data` symlink is swapped) and at SIGHUP, and most find the content as it was.
-`changed` reads the file (off the event loop) and hands back only content worth judging: content
-in force or already refused is not judged again unless the reload is forced, so a bad file is
-logged once, not at every event. The caller parses and applies what it gets and reports it with
-`adopt` or `reject`. As for the device plugin's reloads, a refusal is logged (`config.rejected`,
-error level, naming the file and the field), counted (`deviceplugin_config_reloads_total`), and
-shown by `deviceplugin_config_last_reload_successful` 0 until the file's content is in force
-again; the last good config stays in force meanwhile.
+`changed` reads the file and hands back only content worth judging: content in force or already
+refused is not judged again unless the reload is forced, so a bad file is logged once, not at
+every event. The caller parses and applies what it gets and reports it with `adopt` or `reject`.
+A refusal is logged (`config.rejected`, error level, naming the file and the field), counted
+(`deviceplugin_config_reloads_total`) and shown by `deviceplugin_config_last_reload_successful`
+0 and `last_error` until the file's content is in force again; the last good config stays in
+force meanwhile.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from deviceplugin.model.config import ParsedConfig
 from deviceplugin.model.config_keys import read_text
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
+from deviceplugin.offloop import OffLoop
 from deviceplugin.ops.metrics import SharedMetrics
 
 logger = logging.getLogger(__name__)
 
+CONFIG_STEP_SECONDS = 10.0  # the most reading, parsing or planning from the config file may take
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Content:
+    """What the config file holds: its text, or None when there is no config file (defaults)."""
+
+    text: str | None
+
 
 class ConfigFile:
-    """The file at `path` (None: no file, the defaults) and what became of its contents."""
+    """The file at `path` (None: no config file) and what became of its contents."""
 
     def __init__(self, path: str | None, metrics: SharedMetrics) -> None:
         self.path = path
         self.last_error: str | None = None  # why the file's latest content was refused
         self.last_error_field: str | None = None  # the field it names, "" for none
         self._metrics = metrics
+        self._off_loop = OffLoop(CONFIG_STEP_SECONDS)
         self._in_force: str | None = None
         self._refused: str | None = None
 
-    def read(self) -> str:
-        """The file's content, "" without a file. Raises ConfigError naming the file."""
-        return read_text(self.path) if self.path else ""
+    async def step(self, job: Callable[[], T], verb: str) -> T:
+        """`job()` off the loop; one that takes too long is a ConfigError naming the file."""
+        source = self.path or "the config"
+        try:
+            return await self._off_loop.run(job, f"{verb} {source}")
+        except TimeoutError as exc:
+            raise ConfigError(self.path or "", str(exc)) from None
 
-    async def changed(self, trigger: str, force: bool = False) -> str | None:
+    async def read(self) -> str | None:
+        """The file's content; None without a config file. Raises ConfigError naming the file."""
+        path = self.path
+        if not path:
+            return None
+        return await self.step(lambda: read_text(path), "reading")
+
+    async def changed(self, trigger: str, force: bool = False) -> Content | None:
         """The content when a reload must judge it; None when there is nothing to judge (the
         content is in force or was refused already; an unreadable file is refused here)."""
         try:
-            text = await asyncio.to_thread(self.read)
+            text = await self.read()
         except ConfigError as exc:
-            unreadable = f"unreadable: {exc}"
+            unreadable = f"unreadable: {exc}"  # judged once, like any other refused content
             if force or unreadable != self._refused:
                 self.reject(trigger, exc, unreadable)
             return None
         if force or text not in (self._in_force, self._refused):
-            return text
+            return Content(text)
         if text == self._in_force:  # back to the config in force: nothing is wrong any more
             self._clear_refusal()
         self._metrics.config_reloads.labels("unchanged").inc()
         return None
 
-    def adopt(self, parsed: ParsedConfig, text: str, reloaded: bool = True) -> None:
+    def adopt(self, parsed: ParsedConfig, text: str | None, reloaded: bool = True) -> None:
         """`text` (parsed: `parsed`) is now in force; `reloaded` False at start-up, where it
         is not counted as a reload."""
         self._in_force = text
@@ -73,7 +104,7 @@ class ConfigFile:
         if reloaded:
             self._metrics.config_reloads.labels("applied").inc()
 
-    def reject(self, trigger: str, exc: Exception, text: str) -> None:
+    def reject(self, trigger: str, exc: Exception, text: str | None) -> None:
         """`text` is refused for `exc`: judged again only once it changes, or when forced."""
         self._refused = text
         self.last_error = str(exc)
@@ -92,5 +123,6 @@ class ConfigFile:
         )
 
     def _clear_refusal(self) -> None:
+        """The content in force is the file's latest: nothing is wrong with the config."""
         self._refused = self.last_error = self.last_error_field = None
         self._metrics.config_last_reload_successful.set(1)

@@ -11,7 +11,8 @@ The config file is untrusted input: it is read, parsed and planned from off the 
 with a time limit (`offloop.OffLoop`), so a FIFO, a huge file or a stuck file system never stops
 Allocate, `/healthz` or SIGTERM. A file refused at a reload leaves the last good config in force
 and is reported where operators look: `/status`, `deviceplugin_config_last_reload_successful`
-and a `config.rejected` line at error level naming the file and the field.
+and a `config.rejected` line at error level naming the file and the field. `configfile` does that
+part, for `dra serve` too.
 """
 
 from __future__ import annotations
@@ -19,19 +20,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
-from typing import TypeVar
+from collections.abc import Mapping
 
 from deviceplugin.background import spawn
 from deviceplugin.cdispec import CdiSpecKeeper
 from deviceplugin.cli import Settings
+from deviceplugin.configfile import ConfigFile
 from deviceplugin.host import SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.kubelet.registrar import Registrar
 from deviceplugin.kubelet.responder import NodeAllocator
 from deviceplugin.kubelet.server import PluginServer
 from deviceplugin.model.allocation import AllocateOptions
 from deviceplugin.model.config import Config, ParsedConfig, load_config_text
-from deviceplugin.model.config_keys import read_text
 from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
 from deviceplugin.model.errors import ConfigError, DevicePluginError, DiscoveryError, NvmlError
 from deviceplugin.model.log import log_event
@@ -46,15 +46,12 @@ from deviceplugin.node.health import (
 )
 from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.node.nvml import Nvml
-from deviceplugin.offloop import OffLoop
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.ops.status import Status
 
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 1.0
-CONFIG_STEP_SECONDS = 10.0  # the most reading, parsing or planning from the config file may take
-T = TypeVar("T")
 
 
 class Supervisor:
@@ -64,9 +61,7 @@ class Supervisor:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self._parsed: ParsedConfig | None = None
-        self._config_text: str | None = None  # the content in force; None: no config file
-        self._rejected_text: str | None = None  # refused content, judged again only once changed
-        self._off_loop = OffLoop(CONFIG_STEP_SECONDS)
+        self._config_file = ConfigFile(settings.config_file, self.metrics)
         self._nvml: Nvml | None = None
         self._inventory: Inventory | None = None
         self._planned: dict[str, ResourceSet] = {}
@@ -82,8 +77,6 @@ class Supervisor:
         self._lock = asyncio.Lock()
         self._stopped = asyncio.Event()
         self._stopping = False
-        self._last_config_error: str | None = None
-        self._last_config_error_field: str | None = None
         self._started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -93,9 +86,9 @@ class Supervisor:
         NvmlError for start-up failures that `__main__` turns into exit codes."""
         policy = HealthPolicy.from_env(self.settings.env)
         recovery_after = parse_duration(self.settings.health_recovery_after)
-        text = await self._read_text()
+        text = await self._config_file.read()
         parsed = await self._open_host(text)
-        self._adopt_config(parsed, text, AllocateOptions.from_config(parsed.config))
+        self._adopt_config(parsed, text, AllocateOptions.from_config(parsed.config), False)
         config = parsed.config
         self._prepare_kubelet_dir()
         try:
@@ -155,8 +148,8 @@ class Supervisor:
             nvml_available=self._nvml is not None,
             kubelet_restarting=self._registrar.restarting,
             config_source=self.settings.config_file,
-            last_config_error=self._last_config_error,
-            last_config_error_field=self._last_config_error_field,
+            last_config_error=self._config_file.last_error,
+            last_config_error_field=self._config_file.last_error_field,
             started=self._started,
             cdi_spec_error=self._cdi.error,
         )
@@ -172,30 +165,21 @@ class Supervisor:
         async with self._lock:
             if self._stopping:
                 return False
-            try:
-                text = await self._read_text()
-            except ConfigError as exc:
-                unreadable = f"unreadable: {exc}"  # judged once, like any other refused content
-                if force or unreadable != self._rejected_text:
-                    self._reject(trigger, exc, unreadable)
+            content = await self._config_file.changed(trigger, force)
+            if content is None:
                 return False
-            if not force and text in (self._config_text, self._rejected_text):
-                if text == self._config_text:  # back to the config in force: nothing is wrong
-                    self._clear_rejection()
-                self.metrics.config_reloads.labels("unchanged").inc()
-                return False
+            text = content.text
             try:
-                parsed = await self._config_step(lambda: self._parse(text), "parsing")
+                parsed = await self._config_file.step(lambda: self._parse(text), "parsing")
                 options = AllocateOptions.from_config(parsed.config)  # unusable ones are refused
                 inventory = await self._discover()
                 plan = await self._plan(inventory, parsed.config) if inventory else None
             except (ConfigError, DiscoveryError, NvmlError) as exc:
-                self._reject(trigger, exc, text)
+                self._config_file.reject(trigger, exc, text)
                 return False
             if inventory is not None and plan is not None:
                 self._adopt_inventory(inventory, plan)
             self._adopt_config(parsed, text, options)
-            self.metrics.config_reloads.labels("applied").inc()
             self._cdi.sync(self._inventory, parsed.config)
             await self._reconcile()
             return True
@@ -275,13 +259,6 @@ class Supervisor:
 
     # --- internals ------------------------------------------------------------------------------
 
-    async def _read_text(self) -> str | None:
-        """The config file's content; None without a config file."""
-        path = self.settings.config_file
-        if not path:
-            return None
-        return await self._config_step(lambda: read_text(path), "reading")
-
     def _parse(self, text: str | None) -> ParsedConfig:
         """The file's content with flag and environment overrides applied."""
         return load_config_text(text, self.settings.config_file, self._overrides, self.settings.env)
@@ -289,21 +266,13 @@ class Supervisor:
     async def _plan(self, inventory: Inventory, config: Config) -> Plan:
         """The resources `config` makes of `inventory`: a config of thousands of rules takes
         seconds to apply, so it is applied off the loop too."""
-        return await self._config_step(lambda: build_plan(inventory, config), "planning from")
-
-    async def _config_step(self, step: Callable[[], T], verb: str) -> T:
-        """`step()` off the loop; one that takes too long is a ConfigError naming the file."""
-        source = self.settings.config_file or "the config"
-        try:
-            return await self._off_loop.run(step, f"{verb} {source}")
-        except TimeoutError as exc:
-            raise ConfigError(self.settings.config_file or "", str(exc)) from None
+        return await self._config_file.step(lambda: build_plan(inventory, config), "planning from")
 
     async def _open_host(self, text: str | None) -> ParsedConfig:
         """`text` parsed, with the simulated node's host files opened under `--simulate`:
         Allocate and the CDI spec then read device nodes, mig-minors and driver files there."""
         settings = self.settings
-        parsed, self._host, self._overrides = await self._config_step(
+        parsed, self._host, self._overrides = await self._config_file.step(
             lambda: open_host_config(
                 settings.simulate,
                 settings.overrides,
@@ -319,21 +288,17 @@ class Supervisor:
         return parsed
 
     def _adopt_config(
-        self, parsed: ParsedConfig, text: str | None, options: AllocateOptions
+        self,
+        parsed: ParsedConfig,
+        text: str | None,
+        options: AllocateOptions,
+        reloaded: bool = True,
     ) -> None:
-        self._parsed, self._config_text = parsed, text
-        self._clear_rejection()
+        self._parsed = parsed
         self._allocator.configure(
             options, parsed.config.flags.plugin.shared_devices_allocation_policy
         )
-        for warning in parsed.warnings:
-            log_event(logger, "config.warning", logging.WARNING, detail=warning)
-        log_event(
-            logger,
-            "config.applied",
-            source=self.settings.config_file or "defaults",
-            config=parsed.config.model_dump(mode="json", by_alias=True),
-        )
+        self._config_file.adopt(parsed, text, reloaded)
 
     def _adopt_inventory(self, inventory: Inventory, plan: Plan) -> None:
         """Make a new inventory, and the resources planned from it, the desired state."""
@@ -344,30 +309,6 @@ class Supervisor:
             self._monitor.update_inventory(inventory)
         for warning in plan.warnings:
             log_event(logger, "resources.skipped", logging.WARNING, detail=warning)
-
-    def _reject(self, trigger: str, exc: Exception, text: str | None) -> None:
-        """Refuse `text`, keep the config in force, and say so everywhere operators look."""
-        path = exc.path if isinstance(exc, ConfigError) else ""
-        self._rejected_text = text
-        self._last_config_error = str(exc)
-        self._last_config_error_field = path
-        self.metrics.config_reloads.labels("rejected").inc()
-        self.metrics.config_last_reload_successful.set(0)
-        log_event(
-            logger,
-            "config.rejected",
-            logging.ERROR,
-            trigger=trigger,
-            file=self.settings.config_file or "",
-            field=path,
-            error=str(exc),
-            keeping="last good config",
-        )
-
-    def _clear_rejection(self) -> None:
-        """The content in force is the file's latest: nothing is wrong with the config."""
-        self._rejected_text = self._last_config_error = self._last_config_error_field = None
-        self.metrics.config_last_reload_successful.set(1)
 
     async def _discover(self) -> Inventory | None:
         """Rediscover off the event loop (NVML calls block); a GPU that was marked Unhealthy and

@@ -48,7 +48,7 @@ from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.registration import RegistrationServer, plugin_dir, registration_socket
 from deviceplugin.host import Overrides, SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.model.cdi import CdiOptions
-from deviceplugin.model.config import Config, ParsedConfig, load_config, load_config_text
+from deviceplugin.model.config import Config, ParsedConfig, load_config_text
 from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
 from deviceplugin.model.errors import ConfigError, DevicePluginError, NvmlError
 from deviceplugin.model.log import log_event
@@ -113,7 +113,7 @@ class DraDriver:
         policy = HealthPolicy.from_env(settings.env)
         recovery_after = parse_duration(settings.health_recovery_after)
         self._plugin_watcher = self.registration.socket.parent.is_dir()
-        parsed = self._read_config()
+        parsed = await self._read_config()
         config = self._config = parsed.config
         try:
             self._nvml = open_nvml(settings.simulate, settings.simulate_events)
@@ -243,11 +243,12 @@ class DraDriver:
         stays. True when adopted."""
         if not self._started:
             return False
-        text = await self._config_file.changed(trigger, force)
-        if text is None:
+        content = await self._config_file.changed(trigger, force)
+        if content is None:
             return False
+        text, overrides = content.text, self._overrides
         try:
-            parsed = await asyncio.to_thread(self._parse, text, self._overrides)
+            parsed = await self._config_file.step(lambda: self._parse(text, overrides), "parsing")
         except ConfigError as exc:
             self._config_file.reject(trigger, exc, text)
             return False
@@ -304,24 +305,26 @@ class DraDriver:
             states = device_states(self.preparer.devices.by_name, self._unhealthy)
             await self.health.update(states)
 
-    def _read_config(self) -> ParsedConfig:
+    async def _read_config(self) -> ParsedConfig:
         """The merged config, now in force; under `--simulate`, pointed at the simulated node's
         host files (and so are the reloads: the overrides that do it are kept)."""
-        text = self._config_file.read()
-        parsed, self._host, self._overrides = open_host_config(
-            self.settings.simulate,
-            self.settings.overrides,
-            lambda overrides: self._parse(text, overrides),
+        text = await self._config_file.read()
+        settings = self.settings
+        parsed, self._host, self._overrides = await self._config_file.step(
+            lambda: open_host_config(
+                settings.simulate,
+                settings.overrides,
+                lambda overrides: self._parse(text, overrides),
+            ),
+            "parsing",
         )
         self._config_file.adopt(parsed, text, reloaded=False)
         return parsed
 
-    def _parse(self, text: str, overrides: Overrides) -> ParsedConfig:
-        """The config file's `text` with `overrides` (flags) and the environment applied; the
-        defaults with them when there is no config file."""
+    def _parse(self, text: str | None, overrides: Overrides) -> ParsedConfig:
+        """The config file's `text` (None: no file, the defaults) with `overrides` (flags) and
+        the environment applied."""
         settings = self.settings
-        if settings.config_file is None:
-            return load_config(None, overrides, settings.env)
         return load_config_text(text, settings.config_file, overrides, settings.env)
 
     def _start_monitor(self, policy: HealthPolicy, recovery_after: float | None) -> None:
