@@ -117,8 +117,9 @@ def test_dra_sockets_replaced_by_files_are_served_again_and_the_driver_registers
             await node.watcher.wait_registered(DRIVER)
 
             replace_with_a_file(node.driver.dra_socket)
+            assert not node.driver.status().serving  # a file there is not a served socket
             await node.driver.heal_sockets()
-            assert is_socket(node.driver.dra_socket)
+            assert is_socket(node.driver.dra_socket) and node.driver.status().serving
             ref = node.add_claim(claim("after", [("gpu", "gpu-4")]))
             assert (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]].error == ""
 

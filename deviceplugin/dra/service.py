@@ -266,7 +266,6 @@ class DraDriver:
         pool = None
         if self.publisher is not None and (written := self.publisher.written) is not None:
             pool = Pool(self.publisher.generation, *written)
-        sockets = (self.dra_socket, self.registration.socket)
         return DraStatus(
             driver=self.settings.driver_name,
             node=self.node,
@@ -274,7 +273,7 @@ class DraDriver:
             idle=self._idle,
             plugin_watcher=self._plugin_watcher,
             registered=self.registration.registered,
-            serving=self.dra is not None and all(path.exists() for path in sockets),
+            serving=self.dra is not None and self.dra.owns_socket and self.registration.owns_socket,
             pool=pool,
             api_error=self._api.unreachable if self._api is not None else None,
             prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
