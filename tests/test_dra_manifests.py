@@ -80,8 +80,13 @@ def test_the_daemonset_mounts_what_the_driver_needs_and_holds_no_privilege() -> 
         "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "/var/run/cdi",
+        "/var/lib/kubelet/device-plugins",
     }
     (container,) = pod["containers"]
+    (device_plugins,) = [
+        m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/device-plugins"
+    ]
+    assert device_plugins.get("readOnly") is True  # only looked at: is a device plugin there?
     assert container["command"] == ["deviceplugin", "dra", "serve"]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert host_paths <= mounts

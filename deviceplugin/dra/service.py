@@ -34,12 +34,14 @@ import contextlib
 import logging
 import signal
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
 from deviceplugin.configfile import ConfigFile
 from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint
+from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
 from deviceplugin.dra.devicehealth import HealthReporter, device_states
 from deviceplugin.dra.kubeapi import KubeApi, connect
 from deviceplugin.dra.plugin import SOCKET_NAME, DraServer
@@ -106,6 +108,8 @@ class DraDriver:
         self._plugin_watcher = False  # the kubelet's plugins_registry/ was there at start
         self._started = False
         self._idle = False  # no NVML, failOnInitError false
+        self._device_plugins_dir = settings.kubelet_root / "device-plugins"
+        self._device_plugins: tuple[str, ...] = ()  # live NVIDIA device-plugin sockets
 
     async def start(self) -> None:
         """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
@@ -142,7 +146,11 @@ class DraDriver:
             taint=settings.unhealthy_taint,
             observer=self.metrics,
         )
-        await self.publisher.publish(inventory, self._unhealthy)  # an API error is retried
+        plugins_dir = self._device_plugins_dir
+        self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
+        self._report_device_plugins()
+        # An API error is retried.
+        await self.publisher.publish(self._publishable(inventory), self._unhealthy)
         devices = await self._node_devices()
         self.preparer = Preparer(
             api, self.checkpoint, settings.cdi_spec_dir, settings.driver_name, self.node, devices
@@ -193,7 +201,12 @@ class DraDriver:
         )
         await self._report_health()
         if self.publisher is not None and self._inventory is not None:
-            await self.publisher.publish(self._inventory, self._unhealthy)
+            await self.publisher.publish(self._publishable(self._inventory), self._unhealthy)
+
+    async def check_node(self) -> None:
+        """The checks every few seconds: our sockets, and whether a device plugin serves here."""
+        await self.heal_sockets()
+        await self.check_device_plugins()
 
     async def heal_sockets(self) -> None:
         """Serve again on a socket deleted or replaced under the running driver (a kubelet
@@ -232,8 +245,20 @@ class DraDriver:
         await self._report_health()
         log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
         if self.publisher is not None:
-            await self.publisher.publish(inventory, self._unhealthy)
+            await self.publisher.publish(self._publishable(inventory), self._unhealthy)
         return True
+
+    async def check_device_plugins(self) -> None:
+        """Stand aside while a device plugin serves NVIDIA GPUs on this node, and publish again
+        once it is gone (dra/coexistence.py)."""
+        if self.publisher is None or self._inventory is None:
+            return
+        found = await asyncio.to_thread(live_device_plugins, self._device_plugins_dir)
+        if found == self._device_plugins:
+            return
+        self._device_plugins = found
+        self._report_device_plugins()
+        await self.publisher.publish(self._publishable(self._inventory), self._unhealthy)
 
     async def reload(self, trigger: str, force: bool = False) -> bool:
         """Read the config file again: it changed, or SIGHUP `force`s it. A valid one is adopted:
@@ -281,9 +306,31 @@ class DraDriver:
             config_source=self.settings.config_file,
             last_config_error=self._config_file.last_error,
             last_config_error_field=self._config_file.last_error_field,
+            device_plugin_conflict=self._conflict(),
         )
 
     # --- internals ------------------------------------------------------------------------------
+
+    def _publishable(self, inventory: Inventory) -> Inventory:
+        """`inventory`, or no GPU at all while a device plugin owns this node's GPUs."""
+        return replace(inventory, gpus=(), links={}) if self._device_plugins else inventory
+
+    def _conflict(self) -> str | None:
+        if not self._device_plugins:
+            return None
+        return conflict_message(self._device_plugins, self._device_plugins_dir)
+
+    def _report_device_plugins(self) -> None:
+        if self._device_plugins:
+            log_event(
+                logger,
+                "dra.device_plugin.conflict",
+                logging.ERROR,
+                sockets=list(self._device_plugins),
+                error=self._conflict(),
+            )
+        elif self._started:
+            log_event(logger, "dra.device_plugin.gone", hint="publishing this node's devices")
 
     async def _node_devices(self) -> NodeDevices:
         """The published devices with the host facts a claim's CDI spec needs, read now."""
@@ -370,7 +417,7 @@ async def run_driver(
             running.push_async_callback(asyncio.to_thread, watchers.stop)
         checks = loop.create_task(
             periodically(
-                driver.heal_sockets,
+                driver.check_node,
                 driver.rediscover,
                 SOCKET_CHECK_SECONDS,
                 REDISCOVER_SECONDS,

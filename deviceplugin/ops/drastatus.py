@@ -34,12 +34,14 @@ class DraStatus:
     config_source: str | None
     last_config_error: str | None  # why the file's latest content was refused; None if it wasn't
     last_config_error_field: str | None  # the field last_config_error names, "" for none
+    device_plugin_conflict: str | None = None  # why nothing is published: a device plugin serves
 
     @property
     def not_ready(self) -> list[str]:
         """Why the driver is not ready; empty when it is. Ready means: registered with the
         kubelet's plugin watcher (only serving on both sockets where there is no watcher), the
-        slices written once, and an answer to the latest API request. An idle driver is ready."""
+        slices written once, an answer to the latest API request, and no device plugin serving
+        NVIDIA GPUs on the node (then the driver publishes nothing). An idle driver is ready."""
         if not self.started:
             return ["starting"]
         if self.idle:
@@ -53,6 +55,8 @@ class DraStatus:
             reasons.append("slices not published yet")
         if self.api_error:
             reasons.append(self.api_error)
+        if self.device_plugin_conflict:
+            reasons.append(self.device_plugin_conflict)
         return reasons
 
     def document(self) -> dict[str, Any]:
@@ -68,6 +72,7 @@ class DraStatus:
             "registered": self.registered,
             "pool": None if pool is None else asdict(pool),
             "api_error": self.api_error,
+            "device_plugin_conflict": self.device_plugin_conflict,
             "prepared_claims": self.prepared_claims,
             "unhealthy": dict(self.unhealthy),
             "config": {
