@@ -20,6 +20,7 @@ import pytest
 from deviceplugin.sim.node import read_node, resolve_node_path
 from e2e.cluster.kube import (
     EVENTS,
+    NODE_NAME,
     REPO,
     SIMULATED_NODE,
     Obj,
@@ -227,18 +228,58 @@ def test_slices_describe_every_gpu_and_mig_device_as_v1() -> None:
     assert len(devices) == 32
 
 
+def applied_configs() -> int:
+    return kubectl("logs", *SYSTEM, driver_ready() or "").count('"config.applied"')
+
+
 def test_slices_do_not_follow_the_device_plugins_mig_strategy() -> None:
     configmap = (REPO / "manifests" / "config" / "configmap.yaml").read_text()
-    before = sorted(published())
+    before, applied = sorted(published()), applied_configs()
     try:
         kubectl(
             "apply", "-f", "-", stdin=configmap.replace("migStrategy: mixed", "migStrategy: none")
         )
-        # The driver reloads the file; whatever it does with it, MIG devices stay published.
-        time.sleep(15)
+        # Through the kubelet's volume swap to the driver's reload, which republishes.
+        wait_until("the driver applying migStrategy none", lambda: applied_configs() > applied)
         assert sorted(published()) == before
     finally:
         kubectl("apply", "-f", "-", stdin=configmap)
+
+
+def test_with_the_device_plugin_on_the_node_the_driver_publishes_nothing() -> None:
+    name = start(claim_pod("held-across", "mig-slice"))
+    devices = seen(name)
+    plugin = REPO / "manifests" / "overlays" / "simulated-node"
+    kubectl("apply", "-k", str(plugin))
+    try:
+        wait_until("the device plugin's GPUs", lambda: extended_gpus() == 8, timeout=240)
+        wait_until("the driver's pool empty", lambda: published() == {}, timeout=60)
+        reasons = wait_until("the driver saying why", driver_not_ready_reason, timeout=60)
+        assert "nvidia-gpu.sock" in reasons
+        assert seen(name) == devices  # a claim prepared before keeps its devices
+    finally:
+        kubectl("delete", "-k", str(plugin), "--wait=true", "--timeout=120s")
+        apply_driver_config()
+    wait_until("the driver's devices back", lambda: len(published()) == 32, timeout=120)
+
+
+def extended_gpus() -> int:
+    return int(get("node", NODE_NAME)["status"]["allocatable"].get("nvidia.com/gpu", "0"))
+
+
+def driver_not_ready_reason() -> str | None:
+    """The driver's error log line, once its pod is no longer Ready."""
+    found = driver_pod()
+    statuses = found["status"].get("containerStatuses", [])
+    if not statuses or statuses[0]["ready"]:
+        return None
+    logs = kubectl("logs", *SYSTEM, found["metadata"]["name"]).splitlines()
+    return next((line for line in logs if "dra.device_plugin.conflict" in line), None)
+
+
+def apply_driver_config() -> None:
+    """The device plugin's overlay shares the driver's ConfigMap: deleting it took that too."""
+    kubectl("apply", "-k", str(REPO / "manifests" / "config"))
 
 
 def test_seed_claim_template_gets_a_mig_device_the_container_sees() -> None:
