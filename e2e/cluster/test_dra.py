@@ -128,7 +128,7 @@ def published() -> dict[str, Obj]:
         device["name"]: device
         for s in found
         if s["spec"]["pool"]["generation"] == newest
-        for device in s["spec"]["devices"]
+        for device in s["spec"].get("devices", [])
     }
 
 
