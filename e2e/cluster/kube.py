@@ -115,6 +115,35 @@ def delete_workloads() -> None:
     kubectl("delete", "pod", "-n", "default", "-l", "e2e=workload", "--wait=true", "--timeout=120s")
 
 
+def daemon_pod(label: str) -> Obj:
+    """The one pod of a DaemonSet in kube-system, by its label selector."""
+    pods = get("pods", "-n", "kube-system", "-l", label)["items"]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    found: Obj = pods[0]
+    return found
+
+
+def daemon_ready(label: str) -> str | None:
+    """The DaemonSet pod's name once all its containers are Ready."""
+    found = daemon_pod(label)
+    statuses = found["status"].get("containerStatuses", [])
+    ready = statuses and all(s["ready"] for s in statuses)
+    return str(found["metadata"]["name"]) if ready else None
+
+
+def unschedulable_reason(name: str) -> str | None:
+    """The scheduler's message on a pod it could not place, once it has written one."""
+    conditions = pod(name)["status"].get("conditions", [])
+    return next(
+        (
+            str(c.get("message", ""))
+            for c in conditions
+            if c["type"] == "PodScheduled" and c["status"] == "False"
+        ),
+        None,
+    )
+
+
 def exec_in(name: str, *command: str, namespace: str = "default") -> str:
     return kubectl("exec", "-n", namespace, name, "--", *command)
 

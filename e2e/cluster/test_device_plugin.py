@@ -23,13 +23,15 @@ from e2e.cluster.kube import (
     append_event,
     apply,
     cluster,
+    daemon_pod,
+    daemon_ready,
     delete_workloads,
     exec_in,
     extended,
-    get,
     kubectl,
     pod,
     pod_running,
+    unschedulable_reason,
     wait_until,
     workload_pod,
 )
@@ -45,17 +47,11 @@ PLUGIN_LABEL = "app.kubernetes.io/name=deviceplugin"
 
 
 def plugin_pod() -> Obj:
-    pods = get("pods", *PLUGIN, "-l", PLUGIN_LABEL)["items"]
-    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-    found: Obj = pods[0]
-    return found
+    return daemon_pod(PLUGIN_LABEL)
 
 
 def plugin_ready() -> str | None:
-    found = plugin_pod()
-    statuses = found["status"].get("containerStatuses", [])
-    ready = statuses and all(s["ready"] for s in statuses)
-    return str(found["metadata"]["name"]) if ready else None
+    return daemon_ready(PLUGIN_LABEL)
 
 
 def whole_gpus() -> list[dict[str, tuple[int, int]]]:
@@ -207,14 +203,7 @@ def test_xid_79_takes_a_gpu_away_without_killing_its_pods() -> None:
     apply(workload_pod("too-big", {GPU: "6"}))
     reason = wait_until(
         "too-big Pending with the scheduler's reason",
-        lambda: next(
-            (
-                c.get("message", "")
-                for c in pod("too-big")["status"].get("conditions", [])
-                if c["type"] == "PodScheduled" and c["status"] == "False"
-            ),
-            None,
-        ),
+        lambda: unschedulable_reason("too-big"),
         timeout=60,
     )
     assert f"Insufficient {GPU}" in reason

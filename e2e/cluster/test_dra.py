@@ -27,11 +27,14 @@ from e2e.cluster.kube import (
     append_event,
     apply,
     cluster,
+    daemon_pod,
+    daemon_ready,
     exec_in,
     get,
     kubectl,
     pod,
     pod_running,
+    unschedulable_reason,
     wait_until,
     workload_pod,
 )
@@ -102,17 +105,11 @@ def claim_pod(name: str, template: str, labels: dict[str, str] | None = None) ->
 
 
 def driver_pod() -> Obj:
-    pods = get("pods", *SYSTEM, "-l", DRIVER_LABEL)["items"]
-    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-    found: Obj = pods[0]
-    return found
+    return daemon_pod(DRIVER_LABEL)
 
 
 def driver_ready() -> str | None:
-    found = driver_pod()
-    statuses = found["status"].get("containerStatuses", [])
-    ready = statuses and all(s["ready"] for s in statuses)
-    return str(found["metadata"]["name"]) if ready else None
+    return daemon_ready(DRIVER_LABEL)
 
 
 def slices() -> list[Obj]:
@@ -384,14 +381,7 @@ def test_xid_79_unpublishes_a_gpus_devices_for_new_claims_only() -> None:
     apply(claim_pod("needs-failing-gpu", "only-failing"))
     reason = wait_until(
         "needs-failing-gpu Pending with the scheduler's reason",
-        lambda: next(
-            (
-                c.get("message", "")
-                for c in pod("needs-failing-gpu")["status"].get("conditions", [])
-                if c["type"] == "PodScheduled" and c["status"] == "False"
-            ),
-            None,
-        ),
+        lambda: unschedulable_reason("needs-failing-gpu"),
         timeout=60,
     )
     assert pod("needs-failing-gpu")["status"]["phase"] == "Pending", reason
