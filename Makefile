@@ -29,6 +29,7 @@ demo-dra: $(STAMP)
 
 lint: $(LINT_STAMP)
 	$(PY) -m ruff check deviceplugin tests bench e2e
+	$(PY) -m ruff format --check deviceplugin tests bench e2e
 	$(PY) -m mypy
 	$(PY) -m mypy --strict e2e
 	$(VENV)/bin/yamllint -s .yamllint.yaml manifests $(wildcard config)

@@ -48,8 +48,13 @@ def _preferred() -> list[Figure]:
     """The pure-function microbenchmark, its yardstick as the baseline."""
     print("bench: preferred allocation, pure function ...", file=sys.stderr, flush=True)
     return [
-        Figure(f"pure preferred of 8, {name} ({row['ids']:.0f} IDs), median", row["median_ms"],
-               "ms", baseline=row["baseline_median_ms"], baseline_label="sort of 1,792 IDs")
+        Figure(
+            f"pure preferred of 8, {name} ({row['ids']:.0f} IDs), median",
+            row["median_ms"],
+            "ms",
+            baseline=row["baseline_median_ms"],
+            baseline_label="sort of 1,792 IDs",
+        )
         for name, row in preferred.run().items()
     ]
 

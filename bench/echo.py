@@ -46,7 +46,8 @@ class Echo(api_pb2_grpc.DevicePluginServicer):
 
         self._allocate = api_pb2.AllocateResponse.FromString(load("Allocate"))
         self._preferred = api_pb2.PreferredAllocationResponse.FromString(
-            load("GetPreferredAllocation"))
+            load("GetPreferredAllocation")
+        )
         self._list = api_pb2.ListAndWatchResponse.FromString(load("ListAndWatch"))
         self._pushes = 0
         self._closing = False

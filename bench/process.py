@@ -44,8 +44,13 @@ class Child:
         with self.log.open("ab") as out:
             self.started = time.monotonic()
             self._proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=clean_env(), cwd=REPO, start_new_session=True,
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=clean_env(),
+                cwd=REPO,
+                start_new_session=True,
             )
         return self
 
@@ -120,8 +125,9 @@ def serve(
     return Child(argv, root / "serve.log")
 
 
-def echo(root: Path, socket: Path, answers: Path | None = None,
-         register: str | None = None) -> Child:
+def echo(
+    root: Path, socket: Path, answers: Path | None = None, register: str | None = None
+) -> Child:
     """The bare grpc.aio baseline server of bench/echo.py (not started)."""
     argv = [PYTHON, "-m", "bench.echo", str(socket)]
     if answers is not None:

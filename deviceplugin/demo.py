@@ -111,8 +111,10 @@ async def demo() -> int:
 
         await kubelet.restart()
         await kubelet.wait_for(
-            lambda: kubelet.allocatable("nvidia.com/mig-1g.10gb") == 28
-            and kubelet.allocatable("nvidia.com/gpu") == 12,
+            lambda: (
+                kubelet.allocatable("nvidia.com/mig-1g.10gb") == 28
+                and kubelet.allocatable("nvidia.com/gpu") == 12
+            ),
             timeout=5,
         )
         _say("5/5", "kubelet restarted (sockets deleted): the plugin re-registered by itself:")

@@ -88,9 +88,7 @@ def claim(
         },
     }
     if allocated:
-        results = [
-            {"request": r, "driver": driver, "pool": pool, "device": d} for r, d in devices
-        ]
+        results = [{"request": r, "driver": driver, "pool": pool, "device": d} for r, d in devices]
         body["status"] = {"allocation": {"devices": {"results": results}}}
     return body
 

@@ -707,10 +707,7 @@ def test_unknown_keys(text: str, path: str, message: str) -> None:
 
 
 def test_first_error_is_the_path_and_the_rest_are_counted() -> None:
-    error = error_of(
-        "flags: {migStrategy: foo, failOnInitError: 'yes'}\n"
-        + shared("1")
-    )
+    error = error_of("flags: {migStrategy: foo, failOnInitError: 'yes'}\n" + shared("1"))
     assert error.path == "flags.migStrategy"
     assert "and 2 more errors" in error.message
     assert "flags.failOnInitError: must be true or false" in error.message
@@ -832,7 +829,7 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
             [
                 "flags.mpsRoot: not used by this plugin (MPS is not supported); ignored",
                 "sharing.mps: MPS sharing is not supported and is NOT applied: nvidia.com/gpu x4, "
-                "nvidia.com/mig-1g.10gb x2 will not be shared through MPS"
+                "nvidia.com/mig-1g.10gb x2 will not be shared through MPS",
             ],
             id="mps",
         ),
@@ -1265,9 +1262,7 @@ def test_messages_quote_at_most_a_few_hundred_characters_of_input(
 @pytest.mark.parametrize(
     ("text", "path", "fragment"),
     [
-        pytest.param(
-            '{"version": "\\ud800"}', "", "a lone surrogate escape", id="lone-surrogate"
-        ),
+        pytest.param('{"version": "\\ud800"}', "", "a lone surrogate escape", id="lone-surrogate"),
         pytest.param(
             'flags: {nvidiaDriverRoot: "/run/\\0"}',
             "flags.nvidiaDriverRoot",

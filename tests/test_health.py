@@ -68,8 +68,9 @@ def _inventory(migs: tuple[MigDevice, ...] | None = None) -> Inventory:
     """The inventory discovery would build for NODE (by hand, to keep this test self-contained)."""
     if migs is None:
         migs = (_mig(MIG_A, 0, 9), _mig(MIG_B, 1, 10))
-    gpu0 = Gpu(0, GPU0, "NVIDIA A100-SXM4-80GB", 81920, 0, "00000000:07:00.0", 0,
-               "8.0", True, True, migs)
+    gpu0 = Gpu(
+        0, GPU0, "NVIDIA A100-SXM4-80GB", 81920, 0, "00000000:07:00.0", 0, "8.0", True, True, migs
+    )
     gpu1 = Gpu(1, GPU1, "NVIDIA A100-SXM4-80GB", 81920, 1, "00000000:0F:00.0", 0, "8.0")
     return Inventory(gpus=(gpu0, gpu1))
 
@@ -110,7 +111,10 @@ def test_xid_table_is_packaged_and_complete() -> None:
     table = xid_table()
     assert {8, 13, 31, 43, 45, 48, 61, 63, 79, 94, 95, 109, 154}.issubset(table)
     assert {info.back for info in table.values()} <= {
-        "app_restart", "gpu_reset", "node_reboot", "depends"
+        "app_restart",
+        "gpu_reset",
+        "node_reboot",
+        "depends",
     }
     assert table[95].mnemonic == "ROBUST_CHANNEL_UNCONTAINED_ERROR"
     assert table[94].action == "RESTART_APP"
@@ -133,15 +137,24 @@ POLICY_CASES = [
     pytest.param({"DP_ENABLE_HEALTHCHECKS": "all"}, 43, True, "xid-43", id="enable-all"),
     pytest.param(
         {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48"},
-        48, True, "xid-48", id="enable-wins-over-disable-all",
+        48,
+        True,
+        "xid-48",
+        id="enable-wins-over-disable-all",
     ),
     pytest.param(
         {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48"},
-        79, False, "", id="disable-all-keeps-others-off",
+        79,
+        False,
+        "",
+        id="disable-all-keeps-others-off",
     ),
     pytest.param(
         {"DP_DISABLE_HEALTHCHECKS": "13", "DP_ENABLE_HEALTHCHECKS": "13"},
-        13, True, "xid-13", id="enable-wins-over-disable-list",
+        13,
+        True,
+        "xid-13",
+        id="enable-wins-over-disable-list",
     ),
     pytest.param({"DP_HEALTH_POLICY": "catalog"}, 94, False, "", id="catalog-94-restart-app"),
     pytest.param({"DP_HEALTH_POLICY": "catalog"}, 63, False, "", id="catalog-63-ignore"),
@@ -162,7 +175,10 @@ POLICY_CASES = [
     pytest.param({"DP_HEALTH_POLICY": "catalog"}, 200, True, "xid-200", id="catalog-unlisted"),
     pytest.param(
         {"DP_HEALTH_POLICY": "catalog", "DP_ENABLE_HEALTHCHECKS": "94"},
-        94, True, "xid-94", id="catalog-enable-94",
+        94,
+        True,
+        "xid-94",
+        id="catalog-enable-94",
     ),
 ]
 
@@ -304,8 +320,9 @@ def start(tmp_path: Path) -> Iterator[Start]:
         nvml.init()
         metrics, reports = Metrics(), Reports()
         policy = HealthPolicy.from_env(env or {})
-        monitor = HealthMonitor(nvml, inventory or _inventory(), policy, reports, recovery_after,
-                                metrics, timing=timing)
+        monitor = HealthMonitor(
+            nvml, inventory or _inventory(), policy, reports, recovery_after, metrics, timing=timing
+        )
         world = World(events, nvml, metrics, reports, monitor)
         if before is not None:
             before(world)
@@ -354,13 +371,22 @@ def test_application_xids_mark_nothing(start: Start) -> None:
 @pytest.mark.parametrize(
     ("env", "xids", "reasons"),
     [
-        pytest.param({"DP_DISABLE_HEALTHCHECKS": "79,nonsense"}, [79, 48], ["xid-48"],
-                     id="disable-list"),
+        pytest.param(
+            {"DP_DISABLE_HEALTHCHECKS": "79,nonsense"}, [79, 48], ["xid-48"], id="disable-list"
+        ),
         pytest.param({"DP_ENABLE_HEALTHCHECKS": "13"}, [13, 31], ["xid-13"], id="enable-13"),
-        pytest.param({"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48"},
-                     [79, 13, 48], ["xid-48"], id="enable-wins-over-disable-all"),
-        pytest.param({"DP_HEALTH_POLICY": "catalog"}, [94, 63, 95, 79],
-                     ["xid-95: RESET_GPU", "xid-79: RESTART_BM"], id="catalog"),
+        pytest.param(
+            {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48"},
+            [79, 13, 48],
+            ["xid-48"],
+            id="enable-wins-over-disable-all",
+        ),
+        pytest.param(
+            {"DP_HEALTH_POLICY": "catalog"},
+            [94, 63, 95, 79],
+            ["xid-95: RESET_GPU", "xid-79: RESTART_BM"],
+            id="catalog",
+        ),
     ],
 )
 def test_env_knobs_choose_which_xids_mark(
@@ -369,8 +395,12 @@ def test_env_knobs_choose_which_xids_mark(
     world = start(env=env)
     for n, xid in enumerate(xids):
         world.xid(GPU1 if n % 2 else GPU0, xid)
-    eventually(lambda: sum(world.counted(str(x), a) for x in xids
-                           for a in ("ignored", "unhealthy")) == len(xids))
+    eventually(
+        lambda: (
+            sum(world.counted(str(x), a) for x in xids for a in ("ignored", "unhealthy"))
+            == len(xids)
+        )
+    )
     assert [change.reason for change in world.reports.changes] == reasons
 
 
@@ -393,8 +423,13 @@ def test_ecc_events_are_counted_not_marked(start: Start) -> None:
 
 def test_malformed_lines_do_not_stop_the_loop(start: Start) -> None:
     world = start()
-    world.append("not json", "[1, 2]", {"uuid": 5, "xid": 79}, {"uuid": GPU0, "xid": -1},
-                 {"uuid": "GPU-unknown", "xid": 79})
+    world.append(
+        "not json",
+        "[1, 2]",
+        {"uuid": 5, "xid": 79},
+        {"uuid": GPU0, "xid": -1},
+        {"uuid": "GPU-unknown", "xid": 79},
+    )
     world.xid(GPU1, 79)
     assert world.reports.wait_for(1) == [HealthChange(GPU1, False, "xid-79", 79)]
 
@@ -574,8 +609,7 @@ class FlakyNvml(Nvml):
 
 def test_an_unexpected_exception_does_not_stop_the_loop() -> None:
     reports = Reports()
-    monitor = HealthMonitor(FlakyNvml(), _inventory(), HealthPolicy(), reports, None,
-                            timing=FAST)
+    monitor = HealthMonitor(FlakyNvml(), _inventory(), HealthPolicy(), reports, None, timing=FAST)
     monitor.start()
     try:
         assert reports.wait_for(1) == [HealthChange(GPU0, False, "xid-79", 79)]

@@ -70,9 +70,7 @@ def layer_of(module: str) -> str:
 
 def stub_packages() -> set[str]:
     """Dotted names of the packages that hold generated stubs (`kubelet.v1beta1`, ...)."""
-    return {
-        ".".join(path.parent.relative_to(PACKAGE).parts) for path in PACKAGE.rglob("*_pb2.py")
-    }
+    return {".".join(path.parent.relative_to(PACKAGE).parts) for path in PACKAGE.rglob("*_pb2.py")}
 
 
 def is_wire_stub(target: str) -> bool:

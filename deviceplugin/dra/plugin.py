@@ -97,7 +97,6 @@ class _Service:
             seconds = time.perf_counter() - began
             self._observer.claims_done(method, seconds, len(errors) - failed, failed)
 
-
     def _device(self, device: PreparedDevice) -> Any:
         """The kubelet's Device; in v1 with the share ID of a shared device (v1beta1 has no
         field for it)."""

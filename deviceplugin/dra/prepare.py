@@ -383,9 +383,14 @@ class Preparer:
             return
         for uid, claim in others.items():
             for device in claim.devices:
-                if uid != ref.uid and device.device == name and device.interval not in (
-                    "",
-                    settings.interval,
+                if (
+                    uid != ref.uid
+                    and device.device == name
+                    and device.interval
+                    not in (
+                        "",
+                        settings.interval,
+                    )
                 ):
                     raise PrepareError(
                         f"ResourceClaim {ref}: {settings.origin} asks time slice "

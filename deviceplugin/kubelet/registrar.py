@@ -111,6 +111,7 @@ class Registrar:
 
     async def _register(self, server: PluginServer, again: bool) -> None:
         name = server.name
+
         def failed() -> None:
             self._observer.registration_failed(name)
 
