@@ -19,10 +19,12 @@ force meanwhile.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from deviceplugin.model.config import ParsedConfig
 from deviceplugin.model.config_keys import read_text
@@ -32,6 +34,10 @@ from deviceplugin.offloop import OffLoop
 from deviceplugin.ops.metrics import SharedMetrics
 
 logger = logging.getLogger(__name__)
+
+# The applied config is logged whole up to this size; a larger one (tens of thousands of rename
+# rules fit in a ConfigMap's 1 MiB) is logged by size and digest, never as a megabyte line.
+LOGGED_CONFIG_LIMIT = 16 * 1024
 
 CONFIG_STEP_SECONDS = 10.0  # the most reading, parsing or planning from the config file may take
 T = TypeVar("T")
@@ -95,12 +101,7 @@ class ConfigFile:
         self._clear_refusal()
         for warning in parsed.warnings:
             log_event(logger, "config.warning", logging.WARNING, detail=warning)
-        log_event(
-            logger,
-            "config.applied",
-            source=self.path or "defaults",
-            config=parsed.config.model_dump(mode="json", by_alias=True),
-        )
+        log_event(logger, "config.applied", source=self.path or "defaults", **logged(parsed))
         if reloaded:
             self._metrics.config_reloads.labels("applied").inc()
 
@@ -126,3 +127,13 @@ class ConfigFile:
         """The content in force is the file's latest: nothing is wrong with the config."""
         self._refused = self.last_error = self.last_error_field = None
         self._metrics.config_last_reload_successful.set(1)
+
+
+def logged(parsed: ParsedConfig) -> dict[str, Any]:
+    """The `config.applied` fields: the effective config, or its size and digest if large."""
+    config = parsed.config.model_dump(mode="json", by_alias=True)
+    text = json.dumps(config, sort_keys=True, separators=(",", ":"))
+    if len(text) <= LOGGED_CONFIG_LIMIT:
+        return {"config": config}
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return {"config_bytes": len(text), "config_sha256": digest}
