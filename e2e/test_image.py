@@ -94,6 +94,11 @@ class Node:
     configmap: Path
     driver_root: Path
 
+    @property
+    def pod_resources_dir(self) -> Path:
+        """The kubelet's pod-resources directory: empty here (no kubelet serves it)."""
+        return self.root / "pod-resources"
+
 
 @pytest.fixture
 def node() -> Iterator[Node]:
@@ -109,6 +114,7 @@ def node() -> Iterator[Node]:
     node = Node(root, root / "device-plugins", root / "cdi", configmap, driver_root)
     node.kubelet_dir.mkdir()
     node.cdi_dir.mkdir()
+    node.pod_resources_dir.mkdir()
     try:
         yield node
     finally:
@@ -143,6 +149,7 @@ def run_args(node: Node, name: str, extra_env: dict[str, str]) -> list[str]:
     host_dirs = {
         "/var/lib/kubelet/device-plugins": node.kubelet_dir,
         "/var/run/cdi": node.cdi_dir,
+        "/var/lib/kubelet/pod-resources": node.pod_resources_dir,
     }
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     for mount in container["volumeMounts"]:
