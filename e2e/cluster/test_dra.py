@@ -342,7 +342,9 @@ def test_kubelet_restart_re_registers_and_keeps_prepared_claims() -> None:
 def test_xid_79_unpublishes_a_gpus_devices_for_new_claims_only() -> None:
     running = start(claim_pod("before-xid", "mig-slice"))
     devices = seen(running)
-    failing = next(gpu for gpu in NODE.gpus if gpu.mig_enabled)
+    (held,) = allocated(running)
+    parent = attribute(published()[held["device"]], "nvidia.com/parentUUID")
+    failing = next(gpu for gpu in NODE.gpus if gpu.uuid == parent)  # the running pod's GPU
     own = {mig.uuid for mig in failing.mig_devices}
     started = time.monotonic()
     append_event({"uuid": failing.uuid, "xid": 79})
@@ -388,3 +390,22 @@ def test_xid_79_unpublishes_a_gpus_devices_for_new_claims_only() -> None:
     status = pod(running)["status"]
     assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0
     assert seen(running) == devices
+    # The kubelet heard it from the driver's health stream (KEP-4680) and says so in the pod,
+    # naming the device by the CDI ID Prepare returned for it.
+    resource_id = f"k8s.{DRIVER}/claim={claim_uid(running)}-{held['device']}"
+    health = wait_until(
+        "the pod's allocatedResourcesStatus naming the device Unhealthy",
+        lambda: next(
+            (
+                resource["health"]
+                for entry in pod(running)["status"]["containerStatuses"][0].get(
+                    "allocatedResourcesStatus", []
+                )
+                for resource in entry.get("resources", [])
+                if resource["resourceID"] == resource_id and resource["health"] == "Unhealthy"
+            ),
+            None,
+        ),
+        timeout=120,
+    )
+    assert health == "Unhealthy"
