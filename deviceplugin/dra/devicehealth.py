@@ -32,6 +32,7 @@ from deviceplugin.dra.health.v1 import api_pb2_grpc as v1_grpc
 from deviceplugin.dra.health.v1alpha1 import api_pb2 as v1alpha1
 from deviceplugin.dra.health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 from deviceplugin.model.devices import Gpu, MigDevice
+from deviceplugin.model.slices import unhealthy_reason
 
 HEALTH_TIMEOUT_SECONDS = 90
 RESEND_SECONDS = HEALTH_TIMEOUT_SECONDS / 3
@@ -54,9 +55,7 @@ def device_states(
     device's own reason comes first, else its GPU's."""
     states = []
     for name, (gpu, mig) in sorted(devices.items()):
-        reason = unhealthy.get(mig.uuid) if mig is not None else None
-        if reason is None:
-            reason = unhealthy.get(gpu.uuid)
+        reason = unhealthy_reason(gpu, mig, unhealthy)
         states.append(DeviceState(name, reason is None, reason or ""))
     return tuple(states)
 

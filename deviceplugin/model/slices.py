@@ -79,7 +79,7 @@ def build_devices(
     groups = _Topology(inventory)
     sick = unhealthy or {}
     return [
-        _device(gpu, mig, inventory, groups, driver, _reason(gpu, mig, sick), taint)
+        _device(gpu, mig, inventory, groups, driver, unhealthy_reason(gpu, mig, sick), taint)
         for gpu, mig in physical_devices(inventory)
     ]
 
@@ -94,7 +94,7 @@ def physical_devices(inventory: Inventory) -> Iterator[tuple[Gpu, MigDevice | No
         yield from ((gpu, mig) for mig in sorted(gpu.mig_devices, key=lambda m: m.index))
 
 
-def _reason(gpu: Gpu, mig: MigDevice | None, unhealthy: Mapping[str, str]) -> str | None:
+def unhealthy_reason(gpu: Gpu, mig: MigDevice | None, unhealthy: Mapping[str, str]) -> str | None:
     """Why the device is unhealthy (its own reason first, else its GPU's); None if healthy."""
     own = unhealthy.get(mig.uuid) if mig is not None else None
     return own if own is not None else unhealthy.get(gpu.uuid)
