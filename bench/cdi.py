@@ -43,7 +43,7 @@ def _timed(action: Callable[[], object]) -> list[float]:
 
 def measure(root: Path) -> list[Figure]:
     node_file = write_node(root / "node.yaml")
-    inventory, _ = discover_node(node_file)
+    inventory = discover_node(node_file)
     host = root / "host"
     lay_out(read_node(node_file), host)
     _extend_mig_minors(host / "proc" / MIG_MINORS, len(inventory.gpus))
