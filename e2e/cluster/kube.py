@@ -131,6 +131,17 @@ def daemon_ready(label: str) -> str | None:
     return str(found["metadata"]["name"]) if ready else None
 
 
+def replace_daemon_pod(label: str) -> None:
+    """Delete the DaemonSet's pod and wait until the one the DaemonSet makes instead is Ready."""
+    old = daemon_pod(label)["metadata"]["uid"]
+    kubectl("delete", "pod", "-n", "kube-system", "-l", label, "--wait=true")
+    wait_until(
+        f"a new {label} pod Ready",
+        lambda: daemon_ready(label) and daemon_pod(label)["metadata"]["uid"] != old,
+        timeout=240,
+    )
+
+
 def unschedulable_reason(name: str) -> str | None:
     """The scheduler's message on a pod it could not place, once it has written one."""
     conditions = pod(name)["status"].get("conditions", [])

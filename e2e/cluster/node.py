@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -25,6 +27,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -581,10 +584,6 @@ def import_images(bin_dir: Path) -> None:
 
 def write_single_binary_image(binary: Path, name: str, archive: Path) -> None:
     """An OCI image archive holding one static binary as its entrypoint."""
-    import hashlib
-    import io
-    import tarfile
-
     layer_buffer = io.BytesIO()
     with tarfile.open(fileobj=layer_buffer, mode="w") as layer:
         info = layer.gettarinfo(str(binary), arcname=binary.name)

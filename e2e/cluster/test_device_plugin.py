@@ -31,6 +31,7 @@ from e2e.cluster.kube import (
     kubectl,
     pod,
     pod_running,
+    replace_daemon_pod,
     unschedulable_reason,
     wait_until,
     workload_pod,
@@ -181,13 +182,7 @@ def test_kubelet_restart_re_registers_and_keeps_pods() -> None:
 def test_plugin_pod_deleted_is_recreated_and_pods_keep_devices() -> None:
     start_pods({GPU: "1"}, "survivor")
     devices = seen("survivor")
-    old = plugin_pod()["metadata"]["uid"]
-    kubectl("delete", "pod", *PLUGIN, "-l", PLUGIN_LABEL, "--wait=true")
-    wait_until(
-        "a new plugin pod Ready",
-        lambda: plugin_ready() and plugin_pod()["metadata"]["uid"] != old,
-        timeout=240,
-    )
+    replace_daemon_pod(PLUGIN_LABEL)
     wait_until(f"{GPU} allocatable 8", lambda: extended(GPU) == 8, timeout=120)
     assert pod("survivor")["status"]["containerStatuses"][0]["restartCount"] == 0
     assert seen("survivor") == devices

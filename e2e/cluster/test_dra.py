@@ -34,6 +34,7 @@ from e2e.cluster.kube import (
     kubectl,
     pod,
     pod_running,
+    replace_daemon_pod,
     unschedulable_reason,
     wait_until,
     workload_pod,
@@ -172,6 +173,14 @@ def cdi_spec_of(uid: str) -> Path:
     return CDI_DIR / f"k8s.{DRIVER}-claim_{uid}.json"
 
 
+def delete_and_wait_unprepared(uid: str, what: str) -> None:
+    """Delete the workloads, then wait until the claim `uid` is unprepared on the host: its CDI
+    spec gone and the checkpoint no longer holding it."""
+    delete_dra_workloads()
+    wait_until(what, lambda: not cdi_spec_of(uid).exists())
+    assert uid not in prepared_in_checkpoint()
+
+
 def start(manifest: Obj) -> str:
     apply(manifest)
     name = str(manifest["metadata"]["name"])
@@ -305,26 +314,16 @@ def test_deleting_the_pod_unprepares_its_claim() -> None:
     name = start(claim_pod("short-lived", "mig-slice"))
     uid = claim_uid(name)
     assert cdi_spec_of(uid).exists() and uid in prepared_in_checkpoint()
-    delete_dra_workloads()
-    wait_until("the claim's CDI spec removed", lambda: not cdi_spec_of(uid).exists())
-    assert uid not in prepared_in_checkpoint()
+    delete_and_wait_unprepared(uid, "the claim's CDI spec removed")
 
 
 def test_driver_pod_deleted_keeps_prepared_claims_and_unprepares_later() -> None:
     name = start(claim_pod("outlives-driver", "mig-slice"))
     uid, devices = claim_uid(name), seen(name)
-    old = driver_pod()["metadata"]["uid"]
-    kubectl("delete", "pod", *SYSTEM, "-l", DRIVER_LABEL, "--wait=true")
-    wait_until(
-        "a new driver pod Ready",
-        lambda: driver_ready() and driver_pod()["metadata"]["uid"] != old,
-        timeout=240,
-    )
+    replace_daemon_pod(DRIVER_LABEL)
     assert uid in prepared_in_checkpoint() and cdi_spec_of(uid).exists()
     assert seen(name) == devices
-    delete_dra_workloads()
-    wait_until("the claim unprepared by the new driver", lambda: not cdi_spec_of(uid).exists())
-    assert uid not in prepared_in_checkpoint()
+    delete_and_wait_unprepared(uid, "the claim unprepared by the new driver")
 
 
 def test_kubelet_restart_re_registers_and_keeps_prepared_claims() -> None:
