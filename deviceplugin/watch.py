@@ -172,19 +172,14 @@ class ConfigWatch:
             with contextlib.suppress(RuntimeError):  # the loop has closed already
                 self._loop.call_soon_threadsafe(self._poller.cancel)
 
-    async def check(self) -> bool:
-        """Re-arm the watches and stat the file; reload when the stat differs from the last
-        one. True when it did."""
-        if not await asyncio.to_thread(self._rearm):
-            return False
-        await self._on_change()
-        return True
-
     async def _poll(self, every: float) -> None:
+        """Re-arm the watches and stat the file every `every` seconds; reload when the stat
+        differs from the last look."""
         while True:
             await asyncio.sleep(every)
             try:
-                await self.check()
+                if await asyncio.to_thread(self._rearm):
+                    await self._on_change()
             except Exception:
                 logger.exception("watch.config.check_failed")
 
@@ -198,7 +193,7 @@ class ConfigWatch:
         since the last look."""
         with self._lock:
             wanted = config_targets(self._path)
-            self._relevant = dict(wanted)
+            self._relevant = wanted
             for directory in list(self._watches):
                 watch, identity = self._watches[directory]
                 if directory not in wanted or _identity(directory) != identity:
@@ -274,7 +269,7 @@ class Watchers:
         on_change: Trigger,
         delay: float = 0.05,
         check_every: float = CONFIG_CHECK_SECONDS,
-    ) -> ConfigWatch:
+    ) -> None:
         """Reload when the config file may have changed (see `ConfigWatch`). Call on the loop."""
         self._config = ConfigWatch(self._observer, loop, config_file, on_change, delay)
         self._config.start(check_every)
@@ -284,7 +279,6 @@ class Watchers:
             directory=str(config_file.parent),
             check_every_seconds=check_every,
         )
-        return self._config
 
     def watch_kubelet(
         self,
