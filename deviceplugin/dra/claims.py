@@ -117,9 +117,7 @@ def allocate(
     search = _Search(claim, classes, devices, frozenset(in_use))
     try:
         found = search.request(0)
-    except SelectorError as err:
-        return Allocation(failure=str(err))
-    except _GiveUp as err:
+    except (SelectorError, _GiveUp) as err:
         return Allocation(failure=str(err))
     if not found:
         try:

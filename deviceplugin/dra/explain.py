@@ -39,6 +39,7 @@ from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.slices import DEFAULT_TAINT, DRIVER, TaintEffect, build_devices
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.node.discovery import discover
+from deviceplugin.node.health import GPU_LOST
 from deviceplugin.sim.events import parse_line
 
 JsonObject = dict[str, Any]
@@ -152,7 +153,7 @@ def events_health(path: Path, policy: HealthPolicy) -> dict[str, str]:
         if event.uuid is None:
             continue  # a waitError line: nothing about health
         if event.lost is True:
-            unhealthy[event.uuid] = "gpu-lost"
+            unhealthy[event.uuid] = GPU_LOST
         elif event.lost is False:
             unhealthy.pop(event.uuid, None)
         if event.xid is not None:

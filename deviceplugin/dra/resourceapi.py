@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from deviceplugin.dra.selectors import Selector, SelectorError
 from deviceplugin.model.config_keys import describe
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -42,8 +43,6 @@ MAX_EXPRESSION = 10 * 1024  # CELSelectorExpressionMaxLength
 ADMIN_NAMESPACE_LABEL = "resource.kubernetes.io/admin-access"
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DRIVER_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?")
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -276,8 +275,7 @@ def is_extended_resource_name(name: str) -> bool:
     prefix, _, short = f"requests.{name}".partition("/")
     return (
         "/" not in short
-        and len(prefix) <= 253
-        and _DNS_SUBDOMAIN.fullmatch(prefix) is not None
+        and dns_subdomain_problem(prefix) is None
         and len(short) <= 63
         and _LABEL_NAME.fullmatch(short) is not None
     )
@@ -637,14 +635,14 @@ def _check_label(name: str, path: str, problems: Problems) -> None:
     """A DNS label (request names): lower-case alphanumerics and '-', at most 63."""
     if not name:
         problems.append((path, "required"))
-    elif len(name) > 63 or re.fullmatch(_DNS_LABEL, name) is None:
+    elif dns_label_problem(name) is not None:
         problems.append(
             (path, f"'{name}' must be a DNS label: lower-case letters, digits and '-', at most 63")
         )
 
 
 def _check_subdomain(name: str, path: str, problems: Problems) -> None:
-    if len(name) > 253 or _DNS_SUBDOMAIN.fullmatch(name) is None:
+    if dns_subdomain_problem(name) is not None:
         problems.append(
             (path, f"'{name}' must be a DNS subdomain: lower-case labels joined by '.'")
         )
@@ -673,7 +671,7 @@ def _check_qualified_attribute(name: str, path: str, problems: Problems) -> None
 def _check_label_key(key: str, path: str, problems: Problems) -> None:
     prefix, slash, name = key.rpartition("/")
     valid = (
-        (not slash or (prefix and len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)))
+        (not slash or dns_subdomain_problem(prefix) is None)
         and len(name) <= 63
         and _LABEL_NAME.fullmatch(name) is not None
     )
