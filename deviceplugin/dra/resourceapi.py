@@ -194,7 +194,8 @@ def _objects(
 
 
 def _where(source: str, position: int, document: Mapping[Any, Any]) -> str:
-    name = (document.get("metadata") or {}) if isinstance(document.get("metadata"), dict) else {}
+    metadata = document.get("metadata")
+    name = metadata if isinstance(metadata, dict) else {}
     label = f"{document.get('kind')} {name.get('name')}" if name.get("name") else document["kind"]
     return f"{source}, document {position + 1} ({label})"
 
@@ -205,21 +206,19 @@ def _checked(
     position: int,
     read: Callable[[dict[Any, Any], str, Problems], T],
 ) -> T:
-    problems: Problems = []
     api_version = document.get("apiVersion")
-    version = api_version.removeprefix(f"{GROUP}/") if isinstance(api_version, str) else ""
-    if not isinstance(api_version, str) or not api_version.startswith(f"{GROUP}/"):
-        version = ""
+    version = ""
+    if isinstance(api_version, str) and api_version.startswith(f"{GROUP}/"):
+        version = api_version.removeprefix(f"{GROUP}/")
     if version not in VERSIONS:
         served = ", ".join(f"{GROUP}/{v}" for v in VERSIONS)
-        problems.append(("apiVersion", f"must be one of {served}, got {describe(api_version)}"))
-        result = None
-    else:
-        _mapping(document, "", problems, _TOP)
-        result = read(document, version, problems)
+        problem = ("apiVersion", f"must be one of {served}, got {describe(api_version)}")
+        raise _combined(_where(source, position, document), [problem])
+    problems: Problems = []
+    _mapping(document, "", problems, _TOP)
+    result = read(document, version, problems)
     if problems:
         raise _combined(_where(source, position, document), problems)
-    assert result is not None
     return result
 
 
