@@ -26,7 +26,11 @@ from typing import Any, TypeVar
 from deviceplugin.dra.selectors import Selector, SelectorError
 from deviceplugin.model.config_keys import describe
 from deviceplugin.model.errors import ConfigError
-from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem
+from deviceplugin.model.kubenames import (
+    dns_label_problem,
+    dns_subdomain_problem,
+    is_extended_resource_name,
+)
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -265,19 +269,6 @@ def _device_class(document: dict[Any, Any], version: str, problems: Problems) ->
             )
         )
     return DeviceClass(name, selectors, extended or None)
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """Kubernetes' IsExtendedResourceName: `domain/name` outside kubernetes.io."""
-    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
-        return False
-    prefix, _, short = f"requests.{name}".partition("/")
-    return (
-        "/" not in short
-        and dns_subdomain_problem(prefix) is None
-        and len(short) <= 63
-        and _LABEL_NAME.fullmatch(short) is not None
-    )
 
 
 # --- ResourceClaim, ResourceClaimTemplate -------------------------------------------------------

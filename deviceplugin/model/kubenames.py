@@ -51,3 +51,20 @@ def dns_subdomain_problem(value: str, limit: int = DNS_SUBDOMAIN_MAX) -> str | N
             " each part starting and ending with a letter or digit)"
         )
     return None
+
+
+_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """Kubernetes' IsExtendedResourceName: `domain/name` outside kubernetes.io, the names a
+    device plugin advertises and a DeviceClass's `extendedResourceName` may take."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+        return False
+    prefix, _, short = f"requests.{name}".partition("/")
+    return (
+        "/" not in short
+        and dns_subdomain_problem(prefix) is None
+        and len(short) <= 63
+        and _QUALIFIED_NAME.fullmatch(short) is not None
+    )

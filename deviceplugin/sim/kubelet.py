@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import stat
 import time
 from collections.abc import Callable, Sequence
@@ -23,22 +22,10 @@ from typing import Any
 import grpc
 
 from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
+from deviceplugin.model.kubenames import is_extended_resource_name
 from deviceplugin.node.unixgrpc import close_unix, listen_unix
 
 SUPPORTED_VERSIONS = ("v1beta1",)
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
-_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """The kubelet's IsExtendedResourceName rule for device-plugin resources."""
-    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
-        return False
-    prefix, _, short = f"requests.{name}".partition("/")
-    if "/" in short or not short or len(short) > 63 or len(prefix) > 253:
-        return False
-    return _DNS_SUBDOMAIN.fullmatch(prefix) is not None and _NAME.fullmatch(short) is not None
 
 
 @dataclass
