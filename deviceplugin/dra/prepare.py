@@ -382,16 +382,10 @@ class Preparer:
         if not settings.interval:
             return
         for uid, claim in others.items():
+            if uid == ref.uid:
+                continue
             for device in claim.devices:
-                if (
-                    uid != ref.uid
-                    and device.device == name
-                    and device.interval
-                    not in (
-                        "",
-                        settings.interval,
-                    )
-                ):
+                if device.device == name and device.interval not in ("", settings.interval):
                     raise PrepareError(
                         f"ResourceClaim {ref}: {settings.origin} asks time slice "
                         f"{settings.interval} for {name}, which runs {device.interval} for "
