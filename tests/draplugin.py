@@ -9,15 +9,17 @@ import asyncio
 import atexit
 import contextlib
 import json
+import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.cli import Settings
+from deviceplugin.cli import SERVE_ENV_VARS, Settings
 from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
 from deviceplugin.sim.apiserver import ApiServer
@@ -62,6 +64,24 @@ def write_kubeconfig(path: Path, url: str) -> Path:
     }
     path.write_text(json.dumps(config))
     return path
+
+
+async def start_serve(
+    root: Path, url: str, kubelet: Path, *args: str, **env: str
+) -> asyncio.subprocess.Process:
+    """`deviceplugin dra serve --simulate PRESET` as a child process, as a node runs it: pointed
+    at the stand-in at `url` (a kubeconfig in `root`), the kubelet root and `root/cdi`, with
+    none of the serve settings of this process's environment but `env`; stderr piped."""
+    clean = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
+    return await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "deviceplugin", "dra", "serve", "--simulate", PRESET),
+        *("--node-name", NODE, "--kubelet-root", str(kubelet)),
+        *("--kubeconfig", str(write_kubeconfig(root / "kubeconfig", url))),
+        *("--cdi-spec-dir", str(root / "cdi"), *args),
+        env={**clean, **env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
 
 
 def claim(

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.cli import SERVE_ENV_VARS, Settings
+from deviceplugin.cli import Settings
 from deviceplugin.dra.service import DraDriver, run_driver
 from deviceplugin.model.log import FIELDS
 from deviceplugin.ops.drastatus import DraStatus, Pool
@@ -41,6 +40,7 @@ from tests.draplugin import (
     resolve,
     run,
     short_dir,
+    start_serve,
     write_kubeconfig,
 )
 from tests.test_http import get, sample
@@ -430,16 +430,13 @@ def test_dra_serve_takes_dp_http_address_logs_json_and_reloads_on_sighup() -> No
         watcher = PluginWatcher(kubelet)
         await watcher.start()
         config = configmap(root / "config", "version: v1\n")
-        env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
-        env.update(DP_HTTP_ADDRESS="127.0.0.1:0", DP_LOG_FORMAT="json", CONFIG_FILE=str(config))
-        process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "deviceplugin", "dra", "serve", "--simulate", PRESET),
-            *("--node-name", NODE, "--kubelet-root", str(kubelet)),
-            *("--kubeconfig", str(write_kubeconfig(root / "kubeconfig", server.url))),
-            *("--cdi-spec-dir", str(root / "cdi")),
-            env=env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
+        process = await start_serve(
+            root,
+            server.url,
+            kubelet,
+            DP_HTTP_ADDRESS="127.0.0.1:0",
+            DP_LOG_FORMAT="json",
+            CONFIG_FILE=str(config),
         )
         lines: list[dict[str, Any]] = []
 

@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import signal
-import sys
 
-from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 from tests.draplugin import (
     DRIVER,
-    NODE,
-    PRESET,
     claim,
     published,
     resolve,
     short_dir,
-    write_kubeconfig,
+    start_serve,
 )
 
 START_TIMEOUT = 30.0  # a loaded CI machine; an idle one needs about 2 s
@@ -38,19 +33,16 @@ def test_dra_serve_registers_publishes_prepares_and_stops_cleanly_on_sigterm() -
         kubelet = root / "kubelet"
         watcher = PluginWatcher(kubelet)
         await watcher.start()
-        env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
-        env["MIG_STRATEGY"] = "none"  # the device plugin's setting: no say over DRA
-        env["DP_DRA_UNHEALTHY_TAINT"] = "NoExecute"
         events = root / "events.jsonl"
         events.touch()
-        process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "deviceplugin", "dra", "serve", "--simulate", PRESET),
-            *("--simulate-events", str(events), "--node-name", NODE),
-            *("--kubeconfig", str(write_kubeconfig(root / "kubeconfig", server.url))),
-            *("--kubelet-root", str(kubelet), "--cdi-spec-dir", str(root / "cdi")),
-            env=env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
+        process = await start_serve(
+            root,
+            server.url,
+            kubelet,
+            "--simulate-events",
+            str(events),
+            MIG_STRATEGY="none",  # the device plugin's setting: no say over DRA
+            DP_DRA_UNHEALTHY_TAINT="NoExecute",
         )
         try:
             plugin = await watcher.wait_registered(DRIVER, START_TIMEOUT)
