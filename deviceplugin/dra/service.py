@@ -278,8 +278,9 @@ class DraDriver:
             self._config_file.reject(trigger, exc, text)
             return False
         self._config = parsed.config
-        if self.preparer is not None:  # not idle
-            await self.rediscover()
+        # Not idle: Prepare maps to the devices with the new CDI options (rediscover did it
+        # already when the node changed).
+        if self.preparer is not None and not await self.rediscover():
             self.preparer.use(await self._node_devices())
         self._config_file.adopt(parsed, text)  # in force: logged and counted as applied
         if self.publisher is not None:
