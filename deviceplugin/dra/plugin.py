@@ -23,7 +23,6 @@ import grpc
 from deviceplugin.dra.checkpoint import PreparedDevice
 from deviceplugin.dra.devicehealth import HealthReporter
 from deviceplugin.dra.prepare import ClaimRef, Preparer
-from deviceplugin.dra.registration import DRA_SOCKET_NAME
 from deviceplugin.dra.v1 import api_pb2 as v1
 from deviceplugin.dra.v1 import api_pb2_grpc as v1_grpc
 from deviceplugin.dra.v1beta1 import api_pb2 as v1beta1
@@ -33,8 +32,6 @@ from deviceplugin.model.log import log_exception
 from deviceplugin.node.unixgrpc import SocketPathError, UnixServer
 
 logger = logging.getLogger(__name__)
-
-SOCKET_NAME = DRA_SOCKET_NAME
 
 
 class ClaimsObserver(Protocol):

@@ -44,10 +44,15 @@ from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint
 from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
 from deviceplugin.dra.devicehealth import HealthReporter, device_states
 from deviceplugin.dra.kubeapi import KubeApi, connect
-from deviceplugin.dra.plugin import SOCKET_NAME, DraServer
+from deviceplugin.dra.plugin import DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
-from deviceplugin.dra.registration import RegistrationServer, plugin_dir, registration_socket
+from deviceplugin.dra.registration import (
+    DRA_SOCKET_NAME,
+    RegistrationServer,
+    plugin_dir,
+    registration_socket,
+)
 from deviceplugin.host import Overrides, SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config, ParsedConfig, load_config_text
@@ -84,7 +89,7 @@ class DraDriver:
         self.metrics = metrics or DraMetrics()
         self.node = settings.node_name or socket.gethostname()
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
-        self.dra_socket = directory / SOCKET_NAME
+        self.dra_socket = directory / DRA_SOCKET_NAME
         self.registration = RegistrationServer(
             settings.driver_name,
             self.dra_socket,
