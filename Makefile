@@ -57,6 +57,9 @@ image: $(STAMP)
 image-dra: $(STAMP)
 	image/build.sh $(CONTAINER_TOOL) $(BASE_IMAGE) $(DRA_IMAGE) $(VERSION) $(PY) '[dra]'
 
+# Host packages: every target below installs those it needs that are missing, before it needs
+# them (e2e/host-packages.txt lists them by group with the reason for each; e2e/host-packages.sh).
+#
 # End to end with a real runtime (root, podman): prepares this host (e2e/setup-host.sh installs
 # podman and runc when missing, configures them, makes a local Debian base and a busybox image
 # with mmdebstrap, cached), builds the image from that base, then runs e2e/: the plugin's own
@@ -92,6 +95,7 @@ cluster-down:
 # The real scheduler at scale on the running cluster (bench/cluster.py): 200 DRA claims over 20
 # nodes against 200 device-plugin pods on the real node, in one run.
 bench-cluster: $(STAMP)
+	e2e/host-packages.sh node
 	$(PY) -m bench.cluster
 
 e2e-cluster: cluster

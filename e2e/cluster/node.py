@@ -62,6 +62,17 @@ ETCD_PEER = "127.0.0.1:23800"
 PAUSE_IMAGE = "localhost/deviceplugin-e2e-pause:latest"
 NAT_CHAIN = "DPE2E-SERVICES"
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+# The host commands this file runs, by the Debian package that has them: the `node` group of
+# e2e/host-packages.txt (tests/test_host_packages.py keeps the two in step).
+HOST_COMMANDS = {
+    "ip": "iproute2",
+    "iptables": "iptables",
+    "openssl": "openssl",
+    "mount": "mount",
+    "umount": "mount",
+}
+# `up` builds the node, runs it and makes its images: e2e/host-packages.txt's groups for each.
+PACKAGE_GROUPS = ("build", "node", "images")
 STOP_ORDER = (
     "kubelet",
     "containerd",
@@ -105,6 +116,17 @@ def wait_for(what: str, ready: Callable[[], bool], timeout: float, log_name: str
 
 
 # --- binaries ------------------------------------------------------------------------------------
+
+
+def ensure_host_packages() -> None:
+    """What `up` needs on the host, installed before the long build rather than missed after it:
+    the build's, the node's and the images' packages (e2e/host-packages.txt)."""
+    script = REPO / "e2e" / "host-packages.sh"
+    if subprocess.run([str(script), *PACKAGE_GROUPS]).returncode != 0:
+        raise ClusterError(f"{script} could not provide the host packages (see above)")
+    absent = [f"{cmd} ({pkg})" for cmd, pkg in HOST_COMMANDS.items() if not shutil.which(cmd)]
+    if absent:
+        raise ClusterError(f"host commands missing: {', '.join(absent)}")
 
 
 def binaries() -> Path:
@@ -666,6 +688,7 @@ def prepare_simulated_node() -> None:
 
 
 def up() -> None:
+    ensure_host_packages()
     bin_dir = binaries()
     if not any(pid_of(name) for name in STOP_ORDER):
         clean_host()  # a fresh start: nothing of an earlier cluster may linger
@@ -844,6 +867,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     restart_parser.add_argument("component", choices=STOP_ORDER)
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
+        if args.command == "up":  # name the missing packages too, so one sudo session does it
+            subprocess.run([str(REPO / "e2e" / "host-packages.sh"), "--check", *PACKAGE_GROUPS])
         print("cluster: needs root (mounts, network, containerd, the kubelet)", file=sys.stderr)
         return 2
     try:
