@@ -44,7 +44,9 @@ need() {
     case $kind in
         command) command -v "$what" >/dev/null || found=0 ;;
         # gcc prints the bare name back when it finds no such file.
-        gcc-file) [ "$(gcc -print-file-name="$what" 2>/dev/null)" != "$what" ] || found=0 ;;
+        gcc-file) local file
+            file=$(gcc -print-file-name="$what" 2>/dev/null || true)
+            [ "$file" != "$what" ] && [ -f "$file" ] || found=0 ;;
         pkg-config) pkg-config --exists "$what" 2>/dev/null || found=0 ;;
     esac
     [ "$found" = 1 ] || missing+=("$what ($kind; Debian package $package)")
