@@ -11,6 +11,7 @@ import os
 import pytest
 
 from deviceplugin.cli import Settings
+from deviceplugin.dra.checkpoint import read_boot_id
 from deviceplugin.dra.registration import SUPPORTED_SERVICES
 from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.errors import NvmlError
@@ -143,8 +144,10 @@ def test_a_prepared_claim_survives_a_restart_and_unprepares_after_it() -> None:
             checkpoint = json.loads(
                 (node.kubelet_root / "plugins" / DRIVER / "checkpoint.json").read_text()
             )
-            assert checkpoint["version"] == 1 and checkpoint["checksum"].startswith("sha256:")
+            assert checkpoint["version"] == 2 and checkpoint["checksum"].startswith("sha256:")
+            assert checkpoint["data"]["bootID"] == read_boot_id()
             assert list(checkpoint["data"]["claims"]) == [uid]
+            assert checkpoint["data"]["claims"][uid]["state"] == "PrepareCompleted"
 
             await node.restart()
             await node.watcher.wait_registered(DRIVER)
