@@ -301,7 +301,7 @@ class Preparer:
                         others = {**self.prepared, **{u: c for u, (c, _) in fresh.items()}}
                         fresh[ref.uid] = self._plan(ref, found, others)
                     except PrepareError as err:
-                        _log_failed(ref, str(err))
+                        _log_failed(ref, ref.uid, str(err))
                         outcomes[ref.uid] = Outcome(error=str(err), reason=err.reason)
                 if fresh:
                     outcomes.update(await self._commit(fresh))
@@ -539,7 +539,7 @@ class Preparer:
             except OSError as err:
                 why = f"ResourceClaim {claim.namespace}/{claim.name}: writing CDI spec {path}: "
                 outcomes[uid] = Outcome(error=why + describe(err), reason=CDI_SPEC)
-                _log_failed(claim, outcomes[uid].error)
+                _log_failed(claim, uid, outcomes[uid].error)
         self._failpoints.reach(PREPARE_AFTER_CDI_SPEC)
         done = {
             uid: replace(claim, state=COMPLETED)
@@ -583,12 +583,13 @@ async def _both(lock: asyncio.Lock, node_lock: NodeLock) -> AsyncIterator[None]:
         yield
 
 
-def _log_failed(claim: ClaimRef | PreparedClaim, error: str) -> None:
+def _log_failed(claim: ClaimRef | PreparedClaim, uid: str, error: str) -> None:
     log_event(
         logger,
         "dra.claim.failed",
         logging.WARNING,
         claim=f"{claim.namespace}/{claim.name}",
+        uid=uid,
         error=error,
     )
 
