@@ -187,6 +187,19 @@ def test_an_earlier_boots_claims_are_dropped_at_start_up_with_a_log_line(
     ]
 
 
+def test_a_spec_that_cannot_be_removed_keeps_its_claim_to_roll_back_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    Checkpoint(tmp_path / "checkpoint.json", "earlier-boot").save({"uid-1": CLAIMS["uid-1"]})
+    stuck = tmp_path / "cdi" / spec_file_name("gpu.nvidia.com", "uid-1")
+    stuck.mkdir(parents=True)  # unlink fails: EISDIR
+    preparer = _preparer(tmp_path, BOOT)
+    asyncio.run(preparer.load())
+    assert preparer.prepared == {}
+    saved = Checkpoint(tmp_path / "checkpoint.json").load()
+    assert saved == Saved(BOOT, {"uid-1": replace(CLAIMS["uid-1"], state=STARTED)})
+
+
 def test_the_boot_id_is_read_from_the_kernel_or_empty_when_it_cannot_be(tmp_path: Path) -> None:
     (tmp_path / "boot_id").write_text(BOOT + "\n")
     assert read_boot_id(tmp_path / "boot_id") == BOOT

@@ -295,7 +295,7 @@ def test_a_device_is_prepared_for_one_claim_unless_admin_access_or_share_ids_sha
                 f"{WHOLE[1]} is already prepared for ResourceClaim default/share-0; claims share"
                 " a device only with admin access or each with its own share ID"
             )
-            assert [uid for uid, error in errors.items() if error] == [taken[2], shares[2][2]]
+            assert {uid for uid, error in errors.items() if error} == {taken[2], shares[2][2]}
             assert len(list(node.cdi_dir.glob("*.json"))) == 4
 
             await node.watcher.unprepare(DRIVER, [owner])

@@ -245,7 +245,8 @@ class Preparer:
                 try:
                     await asyncio.to_thread(SpecWriter(self.spec_path(uid)).remove)
                 except OSError as err:
-                    self._claims[uid] = saved.claims[uid]  # rolled back at the next start
+                    # kept as cut short: rolled back at the next start
+                    self._claims[uid] = replace(saved.claims[uid], state=STARTED)
                     log_event(
                         logger,
                         "dra.spec.orphaned",
@@ -306,7 +307,7 @@ class Preparer:
                 if fresh:
                     outcomes.update(await self._commit(fresh))
         except (LockTimeout, OSError) as err:
-            why = f"{self._node_lock.path}: {describe(err) if isinstance(err, OSError) else err}"
+            why = self._not_locked(err)
             for ref in claims:
                 outcomes.setdefault(ref.uid, Outcome(error=why, reason=LOCKED))
         return {ref.uid: outcomes[ref.uid] for ref in claims}
@@ -342,7 +343,7 @@ class Preparer:
                         for uid in removed:  # a retry saves again
                             errors[uid] = self._save_failed(err)
         except (LockTimeout, OSError) as err:
-            why = f"{self._node_lock.path}: {describe(err) if isinstance(err, OSError) else err}"
+            why = self._not_locked(err)
             for ref in claims:
                 errors.setdefault(ref.uid, why)
             return {ref.uid: errors[ref.uid] for ref in claims}
@@ -356,6 +357,12 @@ class Preparer:
     def _serialized(self) -> contextlib.AbstractAsyncContextManager[None]:
         """This process's lock, then the node's."""
         return _both(self._lock, self._node_lock)
+
+    def _not_locked(self, err: LockTimeout | OSError) -> str:
+        """Why the node's lock was not taken: held too long elsewhere, or its file unusable."""
+        if isinstance(err, OSError):
+            return f"opening {self._node_lock.path}: {describe(err)}"
+        return str(err)
 
     async def _saved(self) -> Saved | None:
         """The checkpoint as on disk; None (logged) when it cannot be trusted."""
