@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -159,6 +160,36 @@ def test_a_driver_killed_during_unprepare_finishes_it_on_the_retry() -> None:
 
             again = await here.watcher.prepare(DRIVER, [ref])  # the device is free again
             assert again.claims[uid].error == ""
+
+    asyncio.run(body())
+
+
+def test_a_driver_started_after_a_reboot_drops_the_earlier_boots_claims() -> None:
+    async def body() -> None:
+        async with node() as here:
+            boot = here.root / "boot_id"
+            boot.write_text("11111111-1111-4111-8111-111111111111\n")
+            await here.start(DP_BOOT_ID_FILE=str(boot))
+            uid = here.server.add_claim(claim("old", [("gpu", DEVICE)]))["metadata"]["uid"]
+            ref = ("default", "old", uid)
+            assert (await here.watcher.prepare(DRIVER, [ref])).claims[uid].error == ""
+            assert here.process is not None
+            here.process.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(here.process.wait(), TIMEOUT) == 0
+
+            boot.write_text("22222222-2222-4222-8222-222222222222\n")
+            await here.start(DP_BOOT_ID_FILE=str(boot))
+            saved = here.checkpoint()
+            assert saved == {"bootID": "22222222-2222-4222-8222-222222222222", "claims": {}}
+            assert here.files() == []
+            assert (await here.watcher.prepare(DRIVER, [ref])).claims[uid].error == ""
+            assert list(here.checkpoint()["claims"]) == [uid]
+            here.process.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(here.process.wait(), TIMEOUT)
+            assert here.process.stderr is not None
+            log = (await here.process.stderr.read()).decode()
+            assert "dra.checkpoint.earlier_boot" in log
+            assert "saved_boot_id=11111111-1111-4111-8111-111111111111" in log
 
     asyncio.run(body())
 
