@@ -40,9 +40,10 @@ from pathlib import Path
 from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
 from deviceplugin.configfile import ConfigFile
-from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint
+from deviceplugin.dra.checkpoint import BOOT_ID_FILE, FILE_NAME, Checkpoint, read_boot_id
 from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
 from deviceplugin.dra.devicehealth import HealthReporter, device_states
+from deviceplugin.dra.failpoints import Failpoints
 from deviceplugin.dra.kubeapi import KubeApi, connect
 from deviceplugin.dra.plugin import DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
@@ -79,6 +80,7 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 1.0
 SOCKET_CHECK_SECONDS = 5.0
 REDISCOVER_SECONDS = 60.0
+BOOT_ID_ENV = "DP_BOOT_ID_FILE"  # where this boot's ID is read; tests point it at a file
 
 
 class DraDriver:
@@ -96,7 +98,6 @@ class DraDriver:
             registration_socket(settings.kubelet_root, settings.driver_name),
             on_status=self._registration_status,
         )
-        self.checkpoint = Checkpoint(directory / FILE_NAME)
         self.health = HealthReporter(self.node)
         self.dra: DraServer | None = None
         self.publisher: SlicePublisher | None = None
@@ -120,6 +121,7 @@ class DraDriver:
         """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
         settings = self.settings
         policy = HealthPolicy.from_env(settings.env)
+        failpoints = Failpoints.from_env(settings.env)
         recovery_after = parse_duration(settings.health_recovery_after)
         self._plugin_watcher = self.registration.socket.parent.is_dir()
         parsed = await self._read_config()
@@ -157,10 +159,20 @@ class DraDriver:
         # An API error is retried.
         await self.publisher.publish(self._publishable(inventory), self._unhealthy)
         devices = await self._node_devices()
-        self.preparer = Preparer(
-            api, self.checkpoint, settings.cdi_spec_dir, settings.driver_name, self.node, devices
+        boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
+        checkpoint = Checkpoint(
+            self.dra_socket.parent / FILE_NAME, await asyncio.to_thread(read_boot_id, boot_file)
         )
-        self.preparer.load()
+        self.preparer = Preparer(
+            api,
+            checkpoint,
+            settings.cdi_spec_dir,
+            settings.driver_name,
+            self.node,
+            devices,
+            failpoints,
+        )
+        await self.preparer.load()
         await self._report_health()
         self.dra = DraServer(self.preparer, self.dra_socket, self.health, observer=self.metrics)
         await self.dra.start()

@@ -10,9 +10,10 @@ kubelet does not wait for it to connect: `connected` says whether it did within
 `connect_timeout`); then NotifyRegistrationStatus (5 s timeout) reports the outcome, with the
 kubelet's error texts.
 A failed registration is retried every second, as the plugin manager's reconciler does. A
-socket that disappears deregisters the plugin; one re-created (a restarted driver) registers
-again. `prepare` / `unprepare` call the chosen service, or a given version, as the kubelet
-does when a pod using claims starts or ends.
+socket that disappears deregisters the plugin; one re-created (a restarted driver, also one
+killed and started again, whose socket is replaced) registers again. `prepare` / `unprepare`
+call the chosen service, or a given version, as the kubelet does when a pod using claims starts
+or ends.
 
 Health, as the kubelet's DRA manager follows it with its ResourceHealthStatus gate on
 (`health_gate`): the first health service of the plugin's `supported_versions` this kubelet knows
@@ -110,7 +111,7 @@ class Attempt:
 
 @dataclass
 class _Seen:
-    inode: int
+    identity: tuple[int, int]  # inode and ctime: a socket bound again anew is a new one
     name: str = ""  # registered under this driver name; "" after a failed attempt
     retry_at: float = 0.0
 
@@ -223,12 +224,12 @@ class PluginWatcher:
     async def _scan(self) -> None:
         present = dict(_sockets(self.registry))
         for path, seen in list(self._seen.items()):
-            if present.get(path) != seen.inode:
+            if present.get(path) != seen.identity:
                 del self._seen[path]
                 await self._deregister(seen.name, path)
         now = asyncio.get_running_loop().time()
-        for path, inode in present.items():
-            seen = self._seen.setdefault(path, _Seen(inode))
+        for path, identity in present.items():
+            seen = self._seen.setdefault(path, _Seen(identity))
             if not seen.name and now >= seen.retry_at:
                 seen.name = await self._register(path)
                 seen.retry_at = now + RETRY_SECONDS
@@ -352,7 +353,9 @@ def _claims(messages: ModuleType, claims: Sequence[ClaimTriple]) -> list[Any]:
     return [messages.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
 
 
-def _sockets(directory: Path) -> Iterable[tuple[Path, int]]:
+def _sockets(directory: Path) -> Iterable[tuple[Path, tuple[int, int]]]:
+    """Each socket with its identity: a driver killed and started again binds its path anew
+    while the poll looks away, and the new socket may get the old one's inode number."""
     with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
         for entry in entries:
             if entry.name.startswith("."):
@@ -360,4 +363,4 @@ def _sockets(directory: Path) -> Iterable[tuple[Path, int]]:
             with contextlib.suppress(FileNotFoundError):
                 info = entry.stat(follow_symlinks=False)
                 if stat.S_ISSOCK(info.st_mode):
-                    yield Path(entry.path), info.st_ino
+                    yield Path(entry.path), (info.st_ino, info.st_ctime_ns)
