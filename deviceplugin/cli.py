@@ -206,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # The DRA driver has its own kubelet root (--kubelet-root): refuse --kubelet-dir.
     dra_runtime = {k: v for k, v in _RUNTIME_FLAGS.items() if k != "kubelet-dir"}
-    _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS}, DRA_OVERRIDES)
+    named = {name: _NODE_FLAGS[name] for name in ("config-dir", "default-config")}
+    _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS, **named}, DRA_OVERRIDES)
     _refuse_device_plugin_flags(dra_serve)
     dra_commands.add_parser(
         "demo", help="dra serve on a simulated node against a plugin watcher and an API server"
@@ -275,7 +276,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             )
         env = {k: v for k, v in env.items() if k not in _DEVICE_PLUGIN_ENV}
     gpu_labels = runtime["gpu_labels"] or "off"
-    if command == "serve":
+    if command in ("serve", "dra serve"):
         if runtime["config_dir"] and runtime["config_file"]:
             parser.error(
                 "--config-dir / DP_CONFIG_DIR and --config-file / CONFIG_FILE are both given:"
@@ -315,7 +316,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         kubeconfig=runtime["kubeconfig"],
         node_name=runtime["node_name"],
         unhealthy_taint=next((effect for effect in TAINT_EFFECTS if effect == taint), None),
-        config_dir=runtime["config_dir"] if command == "serve" else None,
+        config_dir=runtime["config_dir"] if command in ("serve", "dra serve") else None,
         default_config=runtime["default_config"],
         gpu_labels=command == "serve" and gpu_labels == "on",
     )

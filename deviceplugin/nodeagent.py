@@ -22,20 +22,23 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from deviceplugin.apiclient import ApiClient, ApiError, JsonObject, credentials
 from deviceplugin.background import spawn
 from deviceplugin.cli import Settings
+from deviceplugin.model.config import Config
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
+from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.gpulabels import gpu_labels
 from deviceplugin.model.log import log_event
 from deviceplugin.nodelabels import LabelWriter
 from deviceplugin.nodewatch import NodeWatch
-from deviceplugin.supervisor import Supervisor
+from deviceplugin.ops.metrics import SharedMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +48,31 @@ EVENT_NAMESPACE = "default"  # where Events about cluster-scoped objects (Nodes)
 EVENT_REASON = "DevicePluginConfigUnknown"
 
 
+class Follower(Protocol):
+    """What the agent drives: the device plugin's supervisor or the DRA driver."""
+
+    selection_view: Callable[[], Mapping[str, Any]] | None
+
+    @property
+    def metrics(self) -> SharedMetrics: ...
+
+    @property
+    def inventory(self) -> Inventory | None: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    def use_config_file(self, path: str) -> None: ...
+
+    async def reload(self, trigger: str, force: bool = False) -> bool: ...
+
+
 class NodeAgent:
-    """Follows this node's Node for `supervisor`; `start` before the supervisor starts,
-    `serving` after, `stop` at the end."""
+    """Follows this node's Node for `supervisor` (or the DRA driver); `start` before it
+    starts, `serving` after, `stop` at the end."""
 
     def __init__(
-        self, settings: Settings, supervisor: Supervisor, client: ApiClient | None = None
+        self, settings: Settings, supervisor: Follower, client: ApiClient | None = None
     ) -> None:
         self.node_name = settings.node_name or socket.gethostname()
         self._supervisor = supervisor

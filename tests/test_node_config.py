@@ -349,3 +349,8 @@ async def test_start_up_with_no_config_to_choose_fails_naming_why() -> None:
     with pytest.raises(ConfigError, match="no default config and 2 configs"):
         async with running_node(default=None):
             pass
+
+
+def test_a_config_named_default_is_the_default() -> None:
+    assert select_config(["default", "b"], None, None) == Selection("default", "default")
+    assert select_config(["default", "b"], None, "b") == Selection("b", "default")

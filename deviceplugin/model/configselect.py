@@ -1,8 +1,9 @@
 """Which of several named configs applies to a node, as the reference plugin chooses it.
 
 A ConfigMap holds named configs, one per key. The node's `nvidia.com/device-plugin.config`
-label names the one that applies; a node without the label gets the default config
-(`named`); with no default and exactly one config, that one (`single`). A label naming no
+label names the one that applies; a node without the label gets the default config, which is
+the one named `default` unless another is given (`named`); with no default and exactly one
+config, that one (`single`). A label naming no
 config is an error the caller reports while it keeps the config in force.
 """
 
@@ -15,6 +16,7 @@ from typing import Literal
 from deviceplugin.model.errors import ConfigError
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
+DEFAULT_NAME = "default"  # the default config when none is named
 
 Reason = Literal["label", "default", "single"]
 
@@ -44,6 +46,7 @@ def select_config(available: Collection[str], label: str | None, default: str | 
             CONFIG_LABEL,
             f"the node names config {label!r}, which does not exist (configs: {known})",
         )
+    default = default or (DEFAULT_NAME if DEFAULT_NAME in available else None)
     if default:
         if default in available:
             return Selection(default, "default")
