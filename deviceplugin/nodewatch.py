@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
 WATCH_TIMEOUT_SECONDS = 300  # asked of the server, so a watch ends and restarts now and then
+WATCH_GRACE_SECONDS = 30
 
 OnNode = Callable[[JsonObject], Awaitable[None]]
 
@@ -84,13 +85,22 @@ class NodeWatch:
                 "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS),
             }
         )
-        async for event in self._client.watch(f"/api/v1/nodes?{query}"):
-            kind, node = event.get("type"), event.get("object")
-            if kind == "ERROR":  # 410 Gone and the like: list again
-                message = node.get("message", "") if isinstance(node, dict) else ""
-                raise ApiError(f"watch of node {self.node_name!r}: {message}", 410)
-            if kind in ("ADDED", "MODIFIED") and isinstance(node, dict):
-                await self._seen(node)
+        try:
+            # the server ends the watch after WATCH_TIMEOUT_SECONDS; a connection that died
+            # without a word would otherwise be waited on for ever
+            async with asyncio.timeout(WATCH_TIMEOUT_SECONDS + WATCH_GRACE_SECONDS):
+                async for event in self._client.watch(f"/api/v1/nodes?{query}"):
+                    await self._event(event)
+        except TimeoutError:
+            raise ApiError(f"watch of node {self.node_name!r}: no end from the server") from None
+
+    async def _event(self, event: JsonObject) -> None:
+        kind, node = event.get("type"), event.get("object")
+        if kind == "ERROR":  # 410 Gone and the like: list again
+            message = node.get("message", "") if isinstance(node, dict) else ""
+            raise ApiError(f"watch of node {self.node_name!r}: {message}", 410)
+        if kind in ("ADDED", "MODIFIED") and isinstance(node, dict):
+            await self._seen(node)
 
     async def _seen(self, node: JsonObject) -> None:
         if self.error is not None:
