@@ -98,8 +98,9 @@ class NodeAgent:
     # --- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Follow the Node; with --config-dir, choose the config the supervisor starts with.
-        Raises ConfigError when none can be chosen (exit 2)."""
+        """Follow the Node; with --config-dir, choose the config the supervisor starts with: a
+        label naming no config is reported and the default starts instead. Raises ConfigError
+        when no config can be chosen at all (exit 2)."""
         self._tasks.append(asyncio.get_running_loop().create_task(self._watch.run()))
         if self._dir is None:
             return
@@ -115,8 +116,14 @@ class NodeAgent:
                 using="the default config until the Node is read",
             )
         self._label = self._config_label()
-        selection = await self._choose(self._label)
-        self._adopt(selection)
+        try:
+            self._adopt(await self._choose(self._label))
+        except ConfigError as exc:
+            if self._label is None:
+                raise
+            # a wrong label at start: the default serves, and the label is reported as wrong
+            self._adopt(await self._choose(None))
+            await self._refuse(exc, self._label)
 
     def serving(self) -> None:
         """The supervisor runs: act on label changes from now on, and keep GPU labels."""

@@ -354,3 +354,17 @@ async def test_start_up_with_no_config_to_choose_fails_naming_why() -> None:
 def test_a_config_named_default_is_the_default() -> None:
     assert select_config(["default", "b"], None, None) == Selection("default", "default")
     assert select_config(["default", "b"], None, "b") == Selection("b", "default")
+
+
+@in_loop
+async def test_a_wrong_label_at_start_starts_the_default_and_reports_it() -> None:
+    async with running_node({CONFIG_LABEL: "gone"}) as node:
+        await until(lambda: node.gpus() == 4)  # dedicated, the default
+        await until(lambda: bool(node.api.events))
+        assert "keeping config 'dedicated'" in node.api.events[0]["message"]
+        assert node.label_valid() == 0
+        selection = (await node.status())["config"]["selection"]
+        assert (selection["name"], selection["label"]) == ("dedicated", "gone")
+        node.label("shared")
+        await until(lambda: node.gpus() == 8)
+        assert node.label_valid() == 1
