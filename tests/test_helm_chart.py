@@ -163,6 +163,29 @@ def test_defaults_are_least_privilege() -> None:
 
 
 @needs_helm
+@pytest.mark.parametrize(
+    ("args", "monitored"),
+    [
+        (("--set-string", "config.map.a=version: v1\nflags:\n  migStrategy: mixed"), True),
+        (("--set-string", "config.map.a=version: v1\nflags:\n  migStrategy: none"), False),
+        (("--set-string", "config.map.a=version: v1", "--set", "migStrategy=single"), True),
+        (("--set", "migStrategy=none", "--set", "config.name=theirs"), False),
+        (("--set", "config.name=theirs"), True),
+    ],
+    ids=["config-mixed", "config-none", "flag-single", "flag-none-wins", "external-configs"],
+)
+def test_mig_monitoring_where_a_config_may_ask_for_mig_devices(
+    args: tuple[str, ...], monitored: bool
+) -> None:
+    ds = plugin(render(*args))
+    capabilities = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"][
+        "capabilities"
+    ]
+    assert (container_env(ds)["NVIDIA_MIG_MONITOR_DEVICES"] == "all") is monitored
+    assert (capabilities.get("add") == ["SYS_ADMIN"]) is monitored
+
+
+@needs_helm
 def test_without_configs_or_labels_the_plugin_holds_no_token_and_no_role() -> None:
     docs = render("--set", "gpuLabels.enabled=false")
     spec = plugin(docs)["spec"]["template"]["spec"]

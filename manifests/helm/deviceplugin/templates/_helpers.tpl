@@ -60,6 +60,19 @@ default
 {{- if or (include "deviceplugin.configMap" .) .Values.gpuLabels.enabled -}}true{{- end -}}
 {{- end -}}
 
+{{/* MIG monitoring (and SYS_ADMIN) where some config may ask for MIG devices: migStrategy single
+or mixed, or, with migStrategy unset, a config of config.map that sets either, or an external
+ConfigMap (its configs are not known here); migMonitoring forces it. */}}
 {{- define "deviceplugin.migMonitoring" -}}
-{{- if or .Values.migMonitoring (has (toString .Values.migStrategy) (list "single" "mixed")) -}}true{{- end -}}
+{{- $on := or .Values.migMonitoring (has (toString .Values.migStrategy) (list "single" "mixed")) -}}
+{{- if and (not $on) (kindIs "invalid" .Values.migStrategy) -}}
+{{- $on = not (empty .Values.config.name) -}}
+{{- range $name, $text := .Values.config.map -}}
+{{- $flags := (fromYaml $text).flags | default dict -}}
+{{- if has (toString $flags.migStrategy) (list "single" "mixed") -}}
+{{- $on = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $on -}}true{{- end -}}
 {{- end -}}
