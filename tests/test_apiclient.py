@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import shutil
+import ssl
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -29,9 +32,10 @@ class RawServer:
         self.responses = list(responses)
         self.heads: list[str] = []
         self.server: asyncio.Server | None = None
+        self.tls: ssl.SSLContext | None = None
 
     async def __aenter__(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         port = self.server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}"
 
@@ -177,3 +181,81 @@ def test_in_cluster_needs_the_service_and_a_token(tmp_path: Path) -> None:
     assert creds.server == "https://10.0.0.1:443"
     assert creds.token_file == str(tmp_path / "token")
     assert creds.ca_file == str(tmp_path / "ca.crt")
+
+
+def make_ca_and_server_cert(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA, and a server certificate for 127.0.0.1 it signed, as a cluster's PKI has them."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=apiserver",
+    )
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    )
+    return directory / "ca.crt", directory / "server.crt", directory / "server.key"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl to make certificates")
+def test_https_is_verified_against_the_clusters_ca(tmp_path: Path) -> None:
+    ca, cert, key = make_ca_and_server_cert(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    ok = [b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\n{"kind":1}\n']
+
+    async def body() -> tuple[dict[str, object], ApiError]:
+        server = RawServer(ok, ok)
+        server.tls = served
+        async with server as url:
+            https = url.replace("http://", "https://")
+            trusted = ApiClient(Credentials(server=https, ca_data=ca.read_bytes()))
+            answer = await trusted.request("GET", "/version")
+            stranger = ApiClient(Credentials(server=https))  # the system's CAs only
+            with pytest.raises(ApiError) as caught:
+                await stranger.request("GET", "/version")
+        return answer, caught.value
+
+    answer, refused = asyncio.run(body())
+    assert answer == {"kind": 1}
+    assert refused.status == 0 and "CERTIFICATE_VERIFY_FAILED" in str(refused)
