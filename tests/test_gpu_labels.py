@@ -6,10 +6,14 @@ label key and value as the API server does."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from simnode import gpu, migs, write_node
 from test_http import GPU, until
 from test_node_config import CONFIG_LABEL, NODE, in_loop, running_node
 
+import deviceplugin.nodeagent
 from deviceplugin.demo import SEED_CONFIG
 from deviceplugin.host import open_nvml
 from deviceplugin.model.config import load_config_text
@@ -190,3 +194,22 @@ async def test_labels_alone_need_no_config_dir() -> None:
     async with running_node({}, named=False, gpu_labels=True) as node:
         await until(lambda: "nvidia.com/gpu.product" in node.api.nodes[NODE]["metadata"]["labels"])
         assert node.supervisor.status().config_source is None  # the defaults
+
+
+@in_loop
+async def test_a_mig_recut_relabels_and_removes_the_profile_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(deviceplugin.nodeagent, "LABEL_CHECK_SECONDS", 0.1)
+    node_file = write_node(tmp_path / "node.yaml", [gpu(0, **migs(0, "1g.10gb", "1g.10gb"))])
+    async with running_node({}, simulate=str(node_file), gpu_labels=True) as node:
+
+        def on_node() -> dict[str, str]:
+            found: dict[str, str] = node.api.nodes[NODE]["metadata"]["labels"]
+            return found
+
+        await until(lambda: on_node().get("nvidia.com/mig-1g.10gb.count") == "2")
+        write_node(node_file, [gpu(0, **migs(0, "3g.40gb"))])
+        assert await node.supervisor.rediscover()  # what the periodic check does
+        await until(lambda: on_node().get("nvidia.com/mig-3g.40gb.count") == "1")
+        assert not [key for key in on_node() if key.startswith("nvidia.com/mig-1g.10gb")]

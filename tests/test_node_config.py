@@ -128,6 +128,7 @@ async def running_node(
     nfd: bool = False,
     api: ApiServer | None = None,
     named: bool = True,
+    simulate: str = "a100-80gb-x8-mixed",
 ) -> AsyncIterator[Node]:
     """`serve --config-dir` (`named` False: no config) on the a100 preset, its Node in the
     API-server stand-in."""
@@ -141,7 +142,7 @@ async def running_node(
     settings = Settings(
         command="serve",
         kubelet_dir=root / "device-plugins",
-        simulate="a100-80gb-x8-mixed",
+        simulate=simulate,
         health_recovery_after="off",
         config_dir=str(root / "config") if named else None,
         default_config=default,
