@@ -29,8 +29,7 @@ import yaml
 
 from deviceplugin import __version__
 from deviceplugin.model.errors import ConfigError, DevicePluginError
-
-JsonObject = dict[str, Any]
+from deviceplugin.model.jsonobject import JsonObject, json_object
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CONNECT_SECONDS = 10.0
@@ -190,7 +189,7 @@ class ApiClient:
                     data = b"".join([chunk async for chunk in chunks])
         except TimeoutError:
             raise ApiError(f"{method} {path}: no answer in {REQUEST_SECONDS:g} s") from None
-        answer = _json(data)
+        answer = json_object(data)
         if not 200 <= status <= 299:
             message = answer.get("message") or data[:200].decode(errors="replace")
             raise ApiError(f"{method} {path}: {status} {message}", status)
@@ -202,7 +201,7 @@ class ApiClient:
         async with self._exchange("GET", path, None, "") as (status, chunks):
             if status != 200:
                 data = b"".join([chunk async for chunk in chunks])
-                message = _json(data).get("message") or data[:200].decode(errors="replace")
+                message = json_object(data).get("message") or data[:200].decode(errors="replace")
                 raise ApiError(f"watch {path}: {status} {message}", status)
             pending = b""
             async for chunk in chunks:
@@ -210,7 +209,7 @@ class ApiClient:
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        yield _json(line)
+                        yield json_object(line)
 
     @contextlib.asynccontextmanager
     async def _exchange(
@@ -287,14 +286,6 @@ async def _read_body(
     else:
         while chunk := await reader.read(65536):
             yield chunk
-
-
-def _json(data: bytes) -> JsonObject:
-    try:
-        answer = json.loads(data) if data else {}
-    except ValueError:
-        return {}
-    return answer if isinstance(answer, dict) else {}
 
 
 def node_path(name: str) -> str:

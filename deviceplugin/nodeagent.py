@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from deviceplugin.apiclient import ApiClient, ApiError, JsonObject, credentials
+from deviceplugin.apiclient import ApiClient, ApiError, credentials
 from deviceplugin.background import spawn
 from deviceplugin.cli import Settings
 from deviceplugin.model.config import Config
@@ -35,6 +35,7 @@ from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_name
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.gpulabels import gpu_labels
+from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.log import log_event
 from deviceplugin.nodelabels import LabelWriter
 from deviceplugin.nodewatch import NodeWatch

@@ -15,7 +15,8 @@ import random
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlencode
 
-from deviceplugin.apiclient import ApiClient, ApiError, JsonObject
+from deviceplugin.apiclient import ApiClient, ApiError
+from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.log import log_event
 
 logger = logging.getLogger(__name__)

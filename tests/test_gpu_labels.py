@@ -9,17 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from dranode import inventory
 from simnode import gpu, migs, write_node
 from test_http import GPU, until
 from test_node_config import CONFIG_LABEL, NODE, in_loop, running_node
 
 import deviceplugin.nodeagent
 from deviceplugin.demo import SEED_CONFIG
-from deviceplugin.host import open_nvml
 from deviceplugin.model.config import load_config_text
-from deviceplugin.model.devices import Inventory
 from deviceplugin.model.gpulabels import family, gpu_labels, owned, product_name
-from deviceplugin.node.discovery import discover
 from deviceplugin.nodelabels import label_patch
 from deviceplugin.sim.apiserver import ApiServer
 
@@ -50,15 +48,6 @@ A100_MIXED_SHARED = {
     "nvidia.com/mig-1g.10gb.slices.gi": "1",
     "nvidia.com/mig-1g.10gb.slices.ci": "1",
 }
-
-
-def inventory(preset: str) -> Inventory:
-    nvml = open_nvml(preset)
-    nvml.init()
-    try:
-        return discover(nvml)
-    finally:
-        nvml.shutdown()
 
 
 def labels(preset: str, config: str) -> dict[str, str]:

@@ -255,10 +255,9 @@ async def test_the_label_chooses_the_config_at_start_and_switches_it_in_process(
         assert node.supervisor._servers[MIG] is servers[MIG]
         assert (await node.status())["config"]["source"].endswith("/dedicated")
 
-        node.label(None)  # no label: the default
         node.label("shared")
         await until(lambda: node.gpus() == 8)
-        node.label(None)
+        node.label(None)  # no label: the default
         await until(lambda: node.gpus() == 4)
         selection = (await node.status())["config"]["selection"]
         assert (selection["name"], selection["reason"]) == ("dedicated", "default")
