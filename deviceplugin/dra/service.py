@@ -34,8 +34,10 @@ import contextlib
 import logging
 import signal
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
@@ -116,6 +118,20 @@ class DraDriver:
         self._idle = False  # no NVML, failOnInitError false
         self._device_plugins_dir = settings.kubelet_root / "device-plugins"
         self._device_plugins: tuple[str, ...] = ()  # live NVIDIA device-plugin sockets
+        # with --config-dir: what the node's config selection reports in /status
+        self.selection_view: Callable[[], Mapping[str, Any]] | None = None
+
+    @property
+    def inventory(self) -> Inventory | None:
+        return self._inventory
+
+    @property
+    def config(self) -> Config:
+        return self._config or Config()
+
+    def use_config_file(self, path: str) -> None:
+        """Read the config from `path` from now on (the node's named config)."""
+        self._config_file.path = path
 
     async def start(self) -> None:
         """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
@@ -321,10 +337,11 @@ class DraDriver:
             api_error=self._api.unreachable if self._api is not None else None,
             prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
             unhealthy=dict(self._unhealthy),
-            config_source=self.settings.config_file,
+            config_source=self._config_file.path,
             last_config_error=self._config_file.last_error,
             last_config_error_field=self._config_file.last_error_field,
             device_plugin_conflict=self._conflict(),
+            config_selection=self.selection_view() if self.selection_view else None,
         )
 
     # --- internals ------------------------------------------------------------------------------
@@ -388,8 +405,7 @@ class DraDriver:
     def _parse(self, text: str | None, overrides: Overrides) -> ParsedConfig:
         """The config file's `text` (None: no file, the defaults) with `overrides` (flags) and
         the environment applied."""
-        settings = self.settings
-        return load_config_text(text, settings.config_file, overrides, settings.env)
+        return load_config_text(text, self._config_file.path, overrides, self.settings.env)
 
     def _start_monitor(self, policy: HealthPolicy, recovery_after: float | None) -> None:
         if self._nvml is None or self._inventory is None:
@@ -425,12 +441,26 @@ async def run_driver(
             await http.start()
             running.push_async_callback(http.stop)
         running.push_async_callback(driver.stop)
+        node = None
+        if settings.config_dir:  # the node's label chooses the config, as for `serve`
+            from deviceplugin.nodeagent import NodeAgent
+
+            node = NodeAgent(settings, driver)
+            running.push_async_callback(node.stop)
+            await node.start()
         await driver.start()
-        if settings.config_file:
+        if node is not None:
+            node.serving()
+        if settings.config_file or node is not None:
             watchers = Watchers()
-            watchers.watch_config(
-                loop, Path(settings.config_file), lambda: driver.reload("config file changed")
-            )
+            if node is not None:
+                watchers.watch_config(loop, node.config_path, node.config_changed)
+            else:
+                watchers.watch_config(
+                    loop,
+                    Path(settings.config_file or ""),
+                    lambda: driver.reload("config file changed"),
+                )
             watchers.start()
             running.push_async_callback(asyncio.to_thread, watchers.stop)
         checks = loop.create_task(

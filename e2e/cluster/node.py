@@ -152,6 +152,14 @@ def binaries() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
+def helm() -> None:
+    """Helm at run/bin/helm, beside kubectl: e2e/helm/build.sh builds it once from its own
+    go.mod (cached outside the clone) and links it there."""
+    done = subprocess.run([str(REPO / "e2e" / "helm" / "build.sh")], stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise ClusterError("e2e/helm/build.sh failed (its output is above)")
+
+
 # --- certificates --------------------------------------------------------------------------------
 
 
@@ -724,6 +732,7 @@ def prepare_simulated_node() -> None:
 def up() -> None:
     ensure_host_packages()
     bin_dir = binaries()
+    helm()
     if not any(pid_of(name) for name in STOP_ORDER):
         clean_host()  # a fresh start: nothing of an earlier cluster may linger
     ensure_images()
