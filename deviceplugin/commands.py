@@ -46,7 +46,7 @@ def cdi_spec(settings: Settings) -> int:
     )
     config = parsed.config
     try:
-        nvml = open_nvml(settings.simulate)
+        nvml = open_nvml(settings.simulate, None, config.flags.nvidia_driver_root)
         nvml.init()
         try:
             inventory = discover(nvml)

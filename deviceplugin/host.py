@@ -20,13 +20,14 @@ from deviceplugin.model.log import log_event
 from deviceplugin.node.nvml import Nvml, real_nvml
 
 
-def open_nvml(simulate: str | None, events_path: str | None = None) -> Nvml:
-    """The real NVML library, or with `simulate` (a preset name or node file) the simulator,
-    which reads events appended to `events_path`. Not initialised yet: call `init()`."""
+def open_nvml(simulate: str | None, events_path: str | None = None, driver_root: str = "/") -> Nvml:
+    """The real NVML library (the `libnvidia-ml.so.1` under `driver_root` when it has one), or
+    with `simulate` (a preset name or node file) the simulator, which reads events appended to
+    `events_path`. Not initialised yet: call `init()`."""
     if simulate is None:
         if events_path is not None:
             raise ConfigError("simulateEvents", "simulated events need --simulate")
-        return real_nvml()
+        return real_nvml(driver_root)
     from deviceplugin.sim.fake_nvml import FakeNvml  # loaded only when simulating
 
     sim = FakeNvml(simulate, events_path)

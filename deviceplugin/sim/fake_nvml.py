@@ -192,6 +192,13 @@ class FakeNvml:
         with self._lock:
             return self._gpu(handle, "nvmlDeviceGetCudaComputeCapability").compute_capability
 
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        with self._lock:
+            numa = self._gpu(handle, "nvmlDeviceGetNumaNodeId").numa_node
+            if numa is None:
+                raise s.NVMLError_NotSupported()
+            return numa
+
     # --- MIG ----------------------------------------------------------------------------------
 
     def _mig_gpu(self, handle: Any, call: str, enabled: bool = True) -> SimGpu:
