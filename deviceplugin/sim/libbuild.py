@@ -57,26 +57,21 @@ def library_path() -> Path:
     return build()
 
 
-def build(sanitize: bool = False) -> Path:
-    """The cached library for the current sources, built first if missing. With `sanitize`,
-    an AddressSanitizer/UBSan build (load it with libasan preloaded)."""
+def build() -> Path:
+    """The cached library for the current sources, built first if missing."""
     header = nvml_header()
-    flags = CFLAGS + (SANITIZE if sanitize else ())
-    target = _cache_dir() / _key(header, flags) / LIBRARY_NAME
+    target = _cache_dir() / _key(header, CFLAGS) / LIBRARY_NAME
     if target.is_file():
         return target
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent.parent) as scratch:
         work = Path(scratch)
-        stubs = work / "stubs.c"
-        stubs.write_text(stub_source(header))
         output = work / LIBRARY_NAME
-        _gcc(
-            *flags,
+        _compile(
+            header,
+            work,
+            CFLAGS,
             "-shared",
-            f"-I{header.parent}",
-            *(str(NATIVE_DIR / name) for name in SOURCES),
-            str(stubs),
             f"-Wl,--version-script={NATIVE_DIR / 'exports.map'}",
             f"-Wl,-soname,{LIBRARY_NAME}",
             "-Wl,-z,nodelete",
@@ -92,6 +87,28 @@ def build(sanitize: bool = False) -> Path:
             if not target.is_file():  # not another process finishing the same build first
                 raise
     return target
+
+
+def sanitized_program(main_source: Path, output: Path) -> Path:
+    """`main_source` linked with the library's sources under AddressSanitizer and UBSan: an
+    executable that tests the simulation with every memory and undefined-behaviour check on."""
+    header = nvml_header()
+    _compile(header, output.parent, CFLAGS + SANITIZE, str(main_source), "-o", str(output))
+    return output
+
+
+def _compile(header: Path, work: Path, flags: tuple[str, ...], *arguments: str) -> None:
+    """gcc over the library's sources and the stubs generated from `header` (into `work`)."""
+    stubs = work / "stubs.c"
+    stubs.write_text(stub_source(header))
+    _gcc(
+        *flags,
+        f"-I{header.parent}",
+        f"-I{NATIVE_DIR}",
+        *(str(NATIVE_DIR / name) for name in SOURCES),
+        str(stubs),
+        *arguments,
+    )
 
 
 def declared_functions(header: Path) -> dict[str, str]:
@@ -128,11 +145,6 @@ def stub_source(header: Path) -> str:
                 f"nvmlReturn_t {name}({parameters}) {{ return NVML_ERROR_NOT_SUPPORTED; }}"
             )
     return "\n".join(lines) + "\n"
-
-
-def sanitizer_runtime() -> Path:
-    """libasan.so, to LD_PRELOAD into a process that loads a sanitized build."""
-    return Path(_gcc("-print-file-name=libasan.so").strip())
 
 
 def _key(header: Path, flags: tuple[str, ...]) -> str:
