@@ -15,7 +15,7 @@ from pathlib import Path
 
 from deviceplugin.model.config import Config, ParsedConfig
 from deviceplugin.model.errors import ConfigError
-from deviceplugin.model.hostpaths import host_path
+from deviceplugin.model.hostpaths import MIG_MINORS, host_path
 from deviceplugin.model.log import log_event
 from deviceplugin.node.nvml import Nvml, real_nvml
 
@@ -72,10 +72,16 @@ def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost |
     """None on a real node. Under `--simulate`, the config's driver root is the simulated host
     when one is set (a tree made with `deviceplugin sim-root`; one with no `proc/` gets the
     simulated kernel module's files in a temp dir); otherwise the node's tree is laid out in a
-    new temp dir. `close()` removes what was made."""
-    if simulate is None:
-        return None
+    new temp dir. Without `--simulate`, a driver root other than `/` that carries the kernel
+    module's files under its own `proc/` (a sim-root, where the simulated libnvidia-ml serves
+    NVML) is the simulated host too: no runtime lets a container mount them over its /proc.
+    `close()` removes what was made."""
     root = config.flags.nvidia_driver_root
+    if simulate is None:
+        simulated = root != "/" and os.path.isfile(
+            host_path(host_path(root, REAL_PROC_ROOT), MIG_MINORS)
+        )
+        return SimulatedHost(root, temporary=False) if simulated else None
     if root != "/":
         if os.path.isdir(host_path(root, REAL_PROC_ROOT)):
             return SimulatedHost(root, temporary=False)

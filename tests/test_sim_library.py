@@ -170,14 +170,14 @@ def test_it_reports_what_the_node_file_says(preset: str, tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("preset", preset_names())
-def test_inspect_is_the_same_on_both_backends(preset: str, tmp_path: Path) -> None:
-    """`inspect` with `--simulate` (the Python simulator) and without it (nvidia-ml-py on the
-    sim-root's library) advertise exactly the same, for every MIG strategy that applies."""
+def test_inspect_and_cdi_spec_are_the_same_on_both_backends(preset: str, tmp_path: Path) -> None:
+    """`inspect` and `cdi-spec` with `--simulate` (the Python simulator) and without it
+    (nvidia-ml-py on the sim-root's library) say exactly the same."""
     root = sim_root(preset, tmp_path)
 
-    def inspect(*flags: str) -> str:
+    def run(command: str, *flags: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "deviceplugin", "inspect", "-o", "json", *flags],
+            [sys.executable, "-m", "deviceplugin", command, "-o", "json", *flags],
             capture_output=True,
             text=True,
             check=False,
@@ -186,9 +186,11 @@ def test_inspect_is_the_same_on_both_backends(preset: str, tmp_path: Path) -> No
         return done.stdout
 
     common = ("--nvidia-driver-root", str(root), "--mig-strategy", "mixed")
-    simulated = inspect("--simulate", preset, *common)
+    simulated = run("inspect", "--simulate", preset, *common)
     assert json.loads(simulated)["resources"]
-    assert inspect(*common) == simulated
+    assert run("inspect", *common) == simulated
+    cdi = (*common, "--device-list-strategy", "cdi-cri")
+    assert run("cdi-spec", *cdi) == run("cdi-spec", "--simulate", preset, *cdi)
 
 
 # --- events -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include "sim.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,9 +221,10 @@ static void destroy(struct nvmlEventSet_st *set) {
     free(set);
 }
 
+/* An inotify descriptor on the folder of the events file (of its target, when it is a link). */
 static int watch_events_folder(void) {
-    char folder[4096];
-    snprintf(folder, sizeof folder, "%s", sim_events_path());
+    char folder[PATH_MAX];
+    if (!realpath(sim_events_path(), folder)) snprintf(folder, sizeof folder, "%s", sim_events_path());
     char *slash = strrchr(folder, '/');
     if (slash) *slash = '\0'; else snprintf(folder, sizeof folder, ".");
     int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
