@@ -27,6 +27,9 @@ read -r pyver machine < <("$tool" run --rm --network none --entrypoint python3 "
 echo "image: base $base has Python $pyver on $machine"
 
 rm -rf "$wheels" && mkdir -p "$wheels"
+# The simulated libnvidia-ml.so.1 (gcc, the pinned nvml.h) goes into the package, so `sim-root`
+# works in the image, which has no compiler.
+"$python" -m deviceplugin.sim.libbuild --into "$here/deviceplugin/sim/native" >/dev/null
 "$python" -m pip wheel -q --no-deps --wheel-dir "$wheels" "$here"
 # Binary wheels only, for the base's Python and any manylinux glibc up to Debian bookworm's.
 platforms=()
