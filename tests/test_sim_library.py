@@ -101,6 +101,8 @@ def _check_gpu(handle: Any, expected: Any, node: Node) -> None:
         assert n.nvmlDeviceGetNumaNodeId(handle) == expected.numa_node
     uuid_handle = n.nvmlDeviceGetHandleByUUID(expected.uuid)
     assert n.nvmlDeviceGetIndex(uuid_handle) == expected.index
+    uuid_handle = n.nvmlDeviceGetHandleByUUIDV(expected.uuid, n.NVML_UUID_TYPE_ASCII)
+    assert n.nvmlDeviceGetIndex(uuid_handle) == expected.index
     bus_handle = n.nvmlDeviceGetHandleByPciBusId(expected.pci_bus_id)
     assert n.nvmlDeviceGetIndex(bus_handle) == expected.index
     serial = n.nvmlDeviceGetSerial(handle)

@@ -210,7 +210,7 @@ class Nvml:
             raise _error(err, context) from err
 
     def init(self) -> None:
-        if self.library is not None:
+        if self._nvml is pynvml:
             _bind_library(self.library)
         with self.errors("initialising NVML"):
             self._nvml.nvmlInit()
@@ -525,16 +525,19 @@ def driver_library(driver_root: str) -> str | None:
     return None
 
 
-def _bind_library(path: str) -> None:
-    """Point pynvml at the library file `path` (pynvml itself loads only by soname)."""
+def _bind_library(path: str | None) -> None:
+    """Point pynvml at the library file `path` (pynvml itself loads only by soname), or with
+    None back at its own load by soname."""
     with pynvml.libLoadLock:
-        current = pynvml.nvmlLib
-        if current is not None and getattr(current, "_name", None) == path:
+        current = getattr(pynvml.nvmlLib, "_name", None)
+        if current == (path or LIBRARY_SONAME) or (path is None and current is None):
             return
-        try:
-            library = ctypes.CDLL(path)
-        except OSError as err:
-            raise NvmlError(f"loading {path}: {err}", ERROR_LIBRARY_NOT_FOUND) from err
+        library = None
+        if path is not None:
+            try:
+                library = ctypes.CDLL(path)
+            except OSError as err:
+                raise NvmlError(f"loading {path}: {err}", ERROR_LIBRARY_NOT_FOUND) from err
         pynvml.nvmlLib = library
         pynvml._nvmlGetFunctionPointer_cache.clear()
 

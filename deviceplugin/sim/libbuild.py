@@ -195,5 +195,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # a build step's entry point, apart from the daemon's __main__
+    raise SystemExit(main())

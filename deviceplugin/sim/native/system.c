@@ -162,3 +162,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDe
 nvmlReturn_t DECLDIR nvmlDeviceGetHandleByPciBusId(const char *bus_id, nvmlDevice_t *device) {
     return nvmlDeviceGetHandleByPciBusId_v2(bus_id, device);
 }
+
+nvmlReturn_t DECLDIR nvmlDeviceGetHandleByUUIDV(const nvmlUUID_t *uuid, nvmlDevice_t *device) {
+    char text[NVML_DEVICE_UUID_ASCII_LEN + 1];
+    if (!uuid) return NVML_ERROR_INVALID_ARGUMENT;
+    if (uuid->type != NVML_UUID_TYPE_ASCII) return NVML_ERROR_NOT_SUPPORTED;
+    memcpy(text, uuid->value.str, NVML_DEVICE_UUID_ASCII_LEN);
+    text[NVML_DEVICE_UUID_ASCII_LEN] = '\0';
+    return find(by_uuid, text, 1, device);
+}
