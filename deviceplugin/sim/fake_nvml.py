@@ -518,7 +518,10 @@ def switch_bus_id(link: int) -> str:
 
 
 def common_ancestor(a: SimGpu, b: SimGpu) -> int:
-    """NVML's topology level from the node file's PCIe tree (see node.py)."""
+    """NVML's topology level from the node file's PCIe tree (see node.py); a GPU with itself
+    is INTERNAL."""
+    if a.uuid == b.uuid:
+        return s.NVML_TOPOLOGY_INTERNAL
     if a.pcie_switches and a.pcie_switches[:1] == b.pcie_switches[:1]:
         if a.pcie_switches[-1] == b.pcie_switches[-1]:
             return s.NVML_TOPOLOGY_SINGLE
