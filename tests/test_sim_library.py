@@ -317,3 +317,18 @@ def test_environment_variables_point_elsewhere(
     monkeypatch.setenv("DEVICEPLUGIN_SIM_EVENTS", str(a10 / EVENTS_FILE))
     opened(root)
     assert pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) == "NVIDIA A10"
+
+
+def test_handles_of_each_kind_are_told_apart(a100: Path) -> None:
+    """A GPU-instance handle is no device handle: NVML's calls refuse the wrong kind."""
+    nvml = opened(a100)
+    gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
+    mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)
+    instance = pynvml.nvmlDeviceGetGpuInstanceById(gpu, pynvml.nvmlDeviceGetGpuInstanceId(mig))
+    as_device = ctypes.cast(instance, type(mig))
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlDeviceGetUUID(as_device)
+    as_instance = ctypes.cast(mig, type(instance))
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlGpuInstanceGetInfo(as_instance)
+    nvml.shutdown()

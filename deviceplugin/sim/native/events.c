@@ -178,9 +178,10 @@ void sim_events_pump(void) {
     FILE *file = fopen(path, "rb");
     struct stat st;
     if (!file || fstat(fileno(file), &st) != 0) {
-        nvmlReturn_t code = open_error(errno);
+        int reason = errno;
+        nvmlReturn_t code = open_error(reason);
         if (file) fclose(file);
-        if (code != file_error) sim_complain("cannot read the events file %s: %s", path, strerror(errno));
+        if (code != file_error) sim_complain("cannot read the events file %s: %s", path, strerror(reason));
         file_error = code;
         return;
     }

@@ -27,10 +27,10 @@ typedef struct {
 /* A MIG device. Its address is its nvmlDevice_t; `gpu_instance` and `compute_instance` are the
  * addresses handed out as nvmlGpuInstance_t / nvmlComputeInstance_t. */
 typedef struct {
-    char gpu_instance;
-    char compute_instance;
     sim_gpu *gpu;
     unsigned index;
+    char gpu_instance;     /* never at offset 0: each handle kind has its own address */
+    char compute_instance;
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
     char name[NVML_DEVICE_NAME_V2_BUFFER_SIZE];
     unsigned gi_id, ci_id, gi_enum, gi_profile_id, gi_slices, ci_slices;
