@@ -24,6 +24,67 @@ from deviceplugin.sim.libbuild import declared_functions, nvml_header
 from deviceplugin.sim.node import Node, preset_names, read_node, resolve_node_path
 
 NOT_SUPPORTED = 3
+# Beyond the presets: a compute-instance subprofile, +me with another driver's memory size, a
+# model without a published profile table, no NUMA node, NVLink peers and NVSwitch links.
+ANY_NODE = """\
+driverVersion: "570.124.06"
+cudaDriverVersion: 12080
+gpus:
+  - uuid: GPU-11111111-0000-4000-8000-000000000000
+    name: NVIDIA A100-SXM4-80GB
+    memoryMiB: 81920
+    pciBusId: "00000000:1a:00.0"
+    minor: 3
+    computeCapability: "8.0"
+    migEnabled: true
+    migCapable: true
+    migDevices:
+      - profile: 3g.40gb
+        uuid: MIG-11111111-0001-4000-8000-000000000000
+        gpuInstanceId: 1
+        computeInstanceId: 0
+      - profile: 1c.3g.40gb
+        uuid: MIG-11111111-0002-4000-8000-000000000000
+        gpuInstanceId: 2
+        computeInstanceId: 0
+      - profile: 1g.10gb+me
+        uuid: MIG-11111111-0003-4000-8000-000000000000
+        gpuInstanceId: 9
+        computeInstanceId: 0
+        memoryMiB: 9856
+    nvlinkPeers: [1, 1]
+  - uuid: GPU-22222222-0000-4000-8000-000000000000
+    name: NVIDIA Made-Up 48GB
+    memoryMiB: 49152
+    pciBusId: "00000000:2B:00.0"
+    numaNode: 1
+    computeCapability: "8.9"
+    migCapable: true
+    migEnabled: true
+    migDevices:
+      - profile: 2g.12gb
+        uuid: MIG-22222222-0001-4000-8000-000000000000
+        gpuInstanceId: 5
+        computeInstanceId: 0
+    nvlinkPeers: [0, 0]
+    notSupported: [nvmlDeviceGetRemappedRows]
+  - uuid: GPU-33333333-0000-4000-8000-000000000000
+    name: NVIDIA H100 80GB HBM3
+    memoryMiB: 81559
+    pciBusId: "00000000:3C:00.0"
+    computeCapability: "9.0"
+    migCapable: true
+    nvswitchLinks: 18
+"""
+
+
+def node_source(name: str, directory: Path) -> str:
+    """A preset name, or for "any-node" the path of ANY_NODE written under `directory`."""
+    if name != "any-node":
+        return name
+    path = directory / "node.yaml"
+    path.write_text(ANY_NODE)
+    return str(path)
 
 
 def sim_root(node: str, directory: Path) -> Path:
@@ -94,7 +155,7 @@ def _check_gpu(handle: Any, expected: Any, node: Node) -> None:
     assert n.nvmlDeviceGetName(handle) == expected.name
     assert n.nvmlDeviceGetIndex(handle) == expected.index
     assert n.nvmlDeviceGetMinorNumber(handle) == expected.minor
-    assert n.nvmlDeviceGetPciInfo(handle).busId == expected.pci_bus_id.upper().replace("X", "x")
+    assert n.nvmlDeviceGetPciInfo(handle).busId == expected.pci_bus_id.upper()
     assert n.nvmlDeviceGetMemoryInfo(handle).total == expected.memory_mib << 20
     assert n.nvmlDeviceGetCudaComputeCapability(handle) == expected.compute_capability
     if expected.numa_node is not None:
@@ -111,7 +172,7 @@ def _check_gpu(handle: Any, expected: Any, node: Node) -> None:
     links += [switch_bus_id(i) for i in range(len(links), len(links) + expected.nvswitch_links)]
     for link, bus_id in enumerate(links):
         assert n.nvmlDeviceGetNvLinkState(handle, link) == n.NVML_FEATURE_ENABLED
-        assert n.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId == bus_id
+        assert n.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId == bus_id.upper()
 
 
 def _placement_starts(handle: Any, profile_id: int) -> list[int]:
@@ -156,10 +217,11 @@ def _check_migs(handle: Any, expected: Any) -> None:
             n.nvmlDeviceGetMigDeviceHandleByIndex(handle, len(expected.mig_devices))
 
 
-@pytest.mark.parametrize("preset", preset_names())
+@pytest.mark.parametrize("preset", [*preset_names(), "any-node"])
 def test_it_reports_what_the_node_file_says(preset: str, tmp_path: Path) -> None:
-    root = sim_root(preset, tmp_path)
-    node = read_node(resolve_node_path(preset))
+    source = node_source(preset, tmp_path)
+    root = sim_root(source, tmp_path / "root")
+    node = read_node(resolve_node_path(source))
     nvml = opened(root)
     assert pynvml.nvmlSystemGetDriverVersion() == node.driver_version
     assert pynvml.nvmlSystemGetCudaDriverVersion() == node.cuda_driver_version
@@ -171,11 +233,12 @@ def test_it_reports_what_the_node_file_says(preset: str, tmp_path: Path) -> None
     nvml.shutdown()
 
 
-@pytest.mark.parametrize("preset", preset_names())
+@pytest.mark.parametrize("preset", [*preset_names(), "any-node"])
 def test_inspect_and_cdi_spec_are_the_same_on_both_backends(preset: str, tmp_path: Path) -> None:
     """`inspect` and `cdi-spec` with `--simulate` (the Python simulator) and without it
     (nvidia-ml-py on the sim-root's library) say exactly the same."""
-    root = sim_root(preset, tmp_path)
+    source = node_source(preset, tmp_path)
+    root = sim_root(source, tmp_path / "root")
 
     def run(command: str, *flags: str) -> str:
         done = subprocess.run(
@@ -188,11 +251,11 @@ def test_inspect_and_cdi_spec_are_the_same_on_both_backends(preset: str, tmp_pat
         return done.stdout
 
     common = ("--nvidia-driver-root", str(root), "--mig-strategy", "mixed")
-    simulated = run("inspect", "--simulate", preset, *common)
+    simulated = run("inspect", "--simulate", source, *common)
     assert json.loads(simulated)["resources"]
     assert run("inspect", *common) == simulated
     cdi = (*common, "--device-list-strategy", "cdi-cri")
-    assert run("cdi-spec", *cdi) == run("cdi-spec", "--simulate", preset, *cdi)
+    assert run("cdi-spec", *cdi) == run("cdi-spec", "--simulate", source, *cdi)
 
 
 # --- events -------------------------------------------------------------------------------------
