@@ -66,7 +66,6 @@ nvmlReturn_t sim_events_open(void) {
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t sim_events_error(void) { return file_error; }
 
 static void deliver(sim_gpu *gpu, sim_mig *mig, unsigned long long type, unsigned long long data) {
     for (struct nvmlEventSet_st *set = live_sets; set; set = set->next) {

@@ -98,6 +98,5 @@ void sim_copy(char *out, unsigned length, const char *text, nvmlReturn_t *result
 /* events.c */
 nvmlReturn_t sim_events_open(void);
 void sim_events_pump(void);
-nvmlReturn_t sim_events_error(void);
 
 #endif
