@@ -1,7 +1,7 @@
-"""The simulated libnvidia-ml.so.1's sources under AddressSanitizer and UBSan: a C driver
-(tests/native/simlib_selftest.c) calls every modelled function from nine threads while events
-are appended, and feeds the JSON reader every prefix of a node file. Any leak, overflow, race
-on freed memory or undefined behaviour aborts it."""
+"""The simulated libnvidia-ml.so.1's sources under AddressSanitizer and UBSan, and under
+ThreadSanitizer: a C driver (tests/native/simlib_selftest.c) calls every modelled function from
+nine threads while events are appended, and feeds the JSON reader every prefix of a node file.
+Any leak, overflow, use after free, undefined behaviour or data race fails it."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from deviceplugin.sim.libbuild import sanitized_program
 SELFTEST = Path(__file__).parent / "native" / "simlib_selftest.c"
 
 
-@pytest.fixture(scope="module")
-def selftest(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sanitized_program(SELFTEST, tmp_path_factory.mktemp("asan") / "simlib_selftest")
+@pytest.fixture(scope="module", params=["address", "thread"])
+def selftest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp(request.param)
+    return sanitized_program(SELFTEST, folder / "simlib_selftest", request.param)
 
 
 @pytest.mark.parametrize("preset", ["a100-80gb-x8-mixed", "a30-x4-mig", "dgx1-hybrid-cube"])
@@ -30,6 +31,7 @@ def test_the_library_is_clean_under_sanitizers(preset: str, selftest: Path, tmp_
         **os.environ,
         "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1",
         "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+        "TSAN_OPTIONS": "halt_on_error=1",
     }
     done = subprocess.run(
         [str(selftest), str(root / LIBRARY_NODE_FILE), str(root / EVENTS_FILE)],
@@ -42,3 +44,4 @@ def test_the_library_is_clean_under_sanitizers(preset: str, selftest: Path, tmp_
     assert done.returncode == 0, done.stderr[-6000:]
     assert "all checks passed" in done.stdout
     assert "runtime error" not in done.stderr
+    assert "WARNING: ThreadSanitizer" not in done.stderr

@@ -29,7 +29,10 @@ PACKAGED = NATIVE_DIR / LIBRARY_NAME
 HEADER_IN_WHEEL = Path("nvidia/cu13/include/nvml.h")
 SOURCES = ("json.c", "node.c", "events.c", "system.c", "device.c", "mig.c")
 CFLAGS = ("-std=c11", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
-SANITIZE = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=all")
+SANITIZERS = {
+    "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all"),
+    "thread": ("-fsanitize=thread",),
+}
 _DECLARATION = re.compile(r"\bnvmlReturn_t\s+(nvml\w+)\s*\(([^;{]*?)\)\s*;")
 _DEFINED = re.compile(r"^[^\n;]*\bDECLDIR\b[^\n(]*?\b(nvml\w+)\(", re.MULTILINE)
 
@@ -89,11 +92,12 @@ def build() -> Path:
     return target
 
 
-def sanitized_program(main_source: Path, output: Path) -> Path:
-    """`main_source` linked with the library's sources under AddressSanitizer and UBSan: an
-    executable that tests the simulation with every memory and undefined-behaviour check on."""
-    header = nvml_header()
-    _compile(header, output.parent, CFLAGS + SANITIZE, str(main_source), "-o", str(output))
+def sanitized_program(main_source: Path, output: Path, sanitizer: str = "address") -> Path:
+    """`main_source` linked with the library's sources under AddressSanitizer and UBSan
+    ("address") or ThreadSanitizer ("thread"): an executable that tests the simulation with
+    every memory, undefined-behaviour or data-race check on."""
+    flags = (*CFLAGS, "-fno-omit-frame-pointer", *SANITIZERS[sanitizer])
+    _compile(nvml_header(), output.parent, flags, str(main_source), "-o", str(output))
     return output
 
 
