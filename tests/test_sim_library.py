@@ -395,3 +395,21 @@ def test_handles_of_each_kind_are_told_apart(a100: Path) -> None:
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlGpuInstanceGetInfo(as_instance)
     nvml.shutdown()
+
+
+def test_a_program_finds_it_on_its_library_path_with_no_other_setting(a100: Path) -> None:
+    """Plain nvidia-ml-py, loading `libnvidia-ml.so.1` by soname as it always does, finds the
+    simulated node through LD_LIBRARY_PATH alone: the library locates its node itself."""
+    script = (
+        "import pynvml as n; n.nvmlInit(); "
+        "print(n.nvmlDeviceGetCount(), n.nvmlDeviceGetName(n.nvmlDeviceGetHandleByIndex(0)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={"LD_LIBRARY_PATH": str(a100 / LIBRARY_DIR), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split(maxsplit=1) == ["8", "NVIDIA A100-SXM4-80GB\n"]
