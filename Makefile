@@ -17,7 +17,10 @@ $(LINT_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,lint]'
 	touch $(LINT_STAMP)
 
+# The simulated libnvidia-ml.so.1 (deviceplugin/sim/native/) is built first, with gcc against the
+# pinned nvml.h, and cached under ~/.cache/deviceplugin/nvml-sim/ by a hash of its sources.
 test: $(STAMP)
+	$(PY) -m deviceplugin.sim.libbuild >/dev/null
 	$(PY) -m pytest
 
 demo: $(STAMP)

@@ -95,7 +95,11 @@ class Supervisor:
         config = parsed.config
         self._prepare_kubelet_dir()
         try:
-            self._nvml = open_nvml(self.settings.simulate, self.settings.simulate_events)
+            self._nvml = open_nvml(
+                self.settings.simulate,
+                self.settings.simulate_events,
+                config.flags.nvidia_driver_root,
+            )
             self._nvml.init()
         except NvmlError as exc:
             self._nvml = None

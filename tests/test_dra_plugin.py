@@ -350,6 +350,7 @@ def test_a_mig_recut_is_republished_and_prepared_from_the_new_devices() -> None:
 
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="this host has an NVIDIA driver")
+@pytest.mark.usefixtures("no_nvml_library")
 def test_without_nvml_fail_on_init_error_decides_raise_or_idle() -> None:
     """Real NVML on a host without a driver: failOnInitError true raises (exit 1 in
     `__main__`); false idles, publishing nothing and registering nothing, even after the

@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from simnode import SimNode, gpu, gpu_uuid
+from simnode import SimNode, gpu, gpu_uuid, python_only
 
 from deviceplugin.sim import events as sim_events
+
+pytestmark = pytest.mark.usefixtures("nvml_backend")
 
 
 def _inotify_fds() -> int:
@@ -61,6 +63,8 @@ def test_freeing_the_last_set_closes_the_watch(tmp_path: Path) -> None:
 
 
 def test_without_inotify_the_wait_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python_only("inotify is stubbed in the simulator's Python module")
+
     def unavailable(directory: Path, mask: int) -> int:
         raise OSError(24, "Too many open files")
 

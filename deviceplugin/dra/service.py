@@ -143,7 +143,9 @@ class DraDriver:
         parsed = await self._read_config()
         config = self._config = parsed.config
         try:
-            self._nvml = open_nvml(settings.simulate, settings.simulate_events)
+            self._nvml = open_nvml(
+                settings.simulate, settings.simulate_events, config.flags.nvidia_driver_root
+            )
             self._nvml.init()
         except NvmlError as exc:
             self._nvml = None

@@ -721,12 +721,18 @@ def ensure_images() -> None:
 
 def prepare_simulated_node() -> None:
     """The simulated GPU node's host files the overlays mount: a driver root of real character
-    devices (`deviceplugin sim-root`) and the events file tests append Xids to."""
+    devices with the simulated libnvidia-ml.so.1 (`deviceplugin sim-root`, again for a root made
+    before it carried the library), and `events.jsonl`, where tests append Xids: a relative link
+    to the events file that library reads, so host and containers name the same file."""
     root = SIMULATED_NODE / "root"
-    if not (root / "dev").is_dir():
+    if not (root / "usr/lib/x86_64-linux-gnu/deviceplugin-sim-node.json").is_file():
         deviceplugin = REPO / ".venv" / "bin" / "deviceplugin"
         run([deviceplugin, "sim-root", SIMULATED_PRESET, root])
-    (SIMULATED_NODE / "events.jsonl").touch()
+    events = SIMULATED_NODE / "events.jsonl"
+    target = Path("root/etc/deviceplugin-sim/events.jsonl")
+    if not events.is_symlink() or events.readlink() != target:
+        events.unlink(missing_ok=True)
+        events.symlink_to(target)
 
 
 def up() -> None:
