@@ -91,7 +91,7 @@ class ConfigFile:
             return Content(text)
         if text == self._in_force:  # back to the config in force: nothing is wrong any more
             self._clear_refusal()
-        self._metrics.config_reloads.labels("unchanged").inc()
+        self._metrics.config_reloaded("unchanged")
         return None
 
     def adopt(self, parsed: ParsedConfig, text: str | None, reloaded: bool = True) -> None:
@@ -103,15 +103,15 @@ class ConfigFile:
             log_event(logger, "config.warning", logging.WARNING, detail=warning)
         log_event(logger, "config.applied", source=self.path or "defaults", **logged(parsed))
         if reloaded:
-            self._metrics.config_reloads.labels("applied").inc()
+            self._metrics.config_reloaded("applied")
 
     def reject(self, trigger: str, exc: Exception, text: str | None) -> None:
         """`text` is refused for `exc`: judged again only once it changes, or when forced."""
         self._refused = text
         self.last_error = str(exc)
         self.last_error_field = exc.path if isinstance(exc, ConfigError) else ""
-        self._metrics.config_reloads.labels("rejected").inc()
-        self._metrics.config_last_reload_successful.set(0)
+        self._metrics.config_reloaded("rejected")
+        self._metrics.config_in_force(False)
         log_event(
             logger,
             "config.rejected",
@@ -126,7 +126,7 @@ class ConfigFile:
     def _clear_refusal(self) -> None:
         """The content in force is the file's latest: nothing is wrong with the config."""
         self._refused = self.last_error = self.last_error_field = None
-        self._metrics.config_last_reload_successful.set(1)
+        self._metrics.config_in_force(True)
 
 
 def logged(parsed: ParsedConfig) -> dict[str, Any]:
