@@ -131,7 +131,7 @@ class ConfigFile:
 
 def logged(parsed: ParsedConfig) -> dict[str, Any]:
     """The `config.applied` fields: the effective config, or its size and digest if large."""
-    config = parsed.config.model_dump(mode="json", by_alias=True)
+    config = parsed.config.dump()
     text = json.dumps(config, sort_keys=True, separators=(",", ":"))
     if len(text) <= LOGGED_CONFIG_LIMIT:
         return {"config": config}
