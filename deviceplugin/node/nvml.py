@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-import pynvml
-
 from deviceplugin.model.errors import GpuLostError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.node.nvml_api import NvmlModule, ProfileInfo
@@ -476,4 +474,6 @@ def _profile_info(nvml: NvmlModule, call: partial[ProfileInfo]) -> ProfileInfo |
 
 def real_nvml() -> Nvml:
     """The host's libnvidia-ml, not initialised yet: call `init()`."""
+    import pynvml  # here, so a simulated node never loads it
+
     return Nvml(pynvml)
