@@ -19,7 +19,6 @@ force meanwhile.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -135,5 +134,7 @@ def logged(parsed: ParsedConfig) -> dict[str, Any]:
     text = json.dumps(config, sort_keys=True, separators=(",", ":"))
     if len(text) <= LOGGED_CONFIG_LIMIT:
         return {"config": config}
+    import hashlib  # only for a large config: OpenSSL's hashes cost 0.7 MiB
+
     digest = hashlib.sha256(text.encode()).hexdigest()
     return {"config_bytes": len(text), "config_sha256": digest}
