@@ -125,6 +125,16 @@ def serve(
     return Child(argv, root / "serve.log")
 
 
+def dra_serve(root: Path, kubelet_root: Path, simulate: str, kubeconfig: Path, node: str) -> Child:
+    """A `deviceplugin dra serve` on a simulated node, publishing to the API server named in
+    `kubeconfig`, logging to <root>/dra-serve.log (not started)."""
+    command = [str(_CONSOLE)] if _CONSOLE.exists() else [PYTHON, "-m", "deviceplugin"]
+    argv = [*command, "dra", "serve", "--simulate", simulate, "--node-name", node]
+    argv += ["--kubelet-root", str(kubelet_root), "--kubeconfig", str(kubeconfig)]
+    argv += ["--cdi-spec-dir", str(root / "cdi")]
+    return Child(argv, root / "dra-serve.log")
+
+
 def echo(
     root: Path, socket: Path, answers: Path | None = None, register: str | None = None
 ) -> Child:
