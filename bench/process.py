@@ -8,6 +8,7 @@ SIGTERM does not end it in time, so a failing run leaves nothing behind.
 
 from __future__ import annotations
 
+import compileall
 import os
 import signal
 import subprocess
@@ -23,6 +24,14 @@ PYTHON = sys.executable
 REPO = Path(__file__).resolve().parent.parent
 _CONSOLE = Path(PYTHON).parent / "deviceplugin"
 _TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def compile_sources() -> None:
+    """Write the bytecode of the package and the benchmark, as pip does when it installs the
+    package: a start-up is then measured as a node runs it, not with every module compiled
+    from source first (an editable checkout under PYTHONDONTWRITEBYTECODE=1 would)."""
+    for directory in ("deviceplugin", "bench"):
+        compileall.compile_dir(REPO / directory, quiet=1)
 
 
 def clean_env() -> dict[str, str]:
