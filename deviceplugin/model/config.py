@@ -36,6 +36,7 @@ from deviceplugin.model.strict import (
     BAD,
     Invalid,
     Problem,
+    as_is,
     before,
     boolean,
     checked,
@@ -250,11 +251,11 @@ def _replicas(value: int) -> int:
 class ReplicatedResource:
     """One shared resource: which devices of `name` are advertised `replicas` times, under what."""
 
-    name: str = field(read=_qualified)  # fully qualified, e.g. nvidia.com/gpu
+    name: str = field(read=_qualified)  # fully qualified: a short "gpu" is qualified on load
     rename: str | None = field(read=nullable(_qualified), default=None)
     # "all"; a count N (the first N devices, by index); or GPU/MIG indices and UUIDs as strings
     devices: Literal["all"] | int | tuple[str, ...] = field(
-        read=before(_device_refs, lambda value, _loc, _problems: value), default="all"
+        read=before(_device_refs, as_is), default="all"
     )
     replicas: int = field(read=checked(integer, _replicas))
 

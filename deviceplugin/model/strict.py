@@ -73,6 +73,11 @@ integer = _of_type(
 )
 
 
+def as_is(value: Any, loc: Loc, problems: Problems) -> Any:
+    """Any value, as it is: for a field whose `before` step has judged it already."""
+    return value
+
+
 def literal(*choices: str) -> Reader:
     """One of the strings `choices`."""
     shown = [repr(choice) for choice in choices]
