@@ -115,6 +115,7 @@ class DirectoryWatches:
         self._loop = loop
         self._lock = threading.Lock()
         self._fd: int | None = None
+        self._closed = False
         self._started = False
         self._reading = False
         self._watches: dict[int, list[DirectoryWatch]] = {}
@@ -122,6 +123,8 @@ class DirectoryWatches:
     def add(self, directory: str, handler: Handler) -> DirectoryWatch:
         """Call `handler` with each change in `directory`. OSError when it cannot be watched."""
         with self._lock:
+            if self._closed:  # a re-arm finishing during shutdown: nothing reads events now
+                return DirectoryWatch(-1, directory, handler)
             if self._fd is None:
                 self._fd = open_inotify()
                 if self._started:  # a first watch after start: the loop reads it from now
@@ -155,6 +158,8 @@ class DirectoryWatches:
 
     def close(self) -> None:
         """Stop watching; callable from any thread (the descriptor is closed on the loop)."""
+        with self._lock:
+            self._closed = True
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
