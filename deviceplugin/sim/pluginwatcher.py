@@ -110,7 +110,7 @@ class Attempt:
 
 @dataclass
 class _Seen:
-    inode: int
+    identity: tuple[int, int]  # inode and change time: a socket made anew differs in either
     name: str = ""  # registered under this driver name; "" after a failed attempt
     retry_at: float = 0.0
 
@@ -223,12 +223,12 @@ class PluginWatcher:
     async def _scan(self) -> None:
         present = dict(_sockets(self.registry))
         for path, seen in list(self._seen.items()):
-            if present.get(path) != seen.inode:
+            if present.get(path) != seen.identity:
                 del self._seen[path]
                 await self._deregister(seen.name, path)
         now = asyncio.get_running_loop().time()
-        for path, inode in present.items():
-            seen = self._seen.setdefault(path, _Seen(inode))
+        for path, identity in present.items():
+            seen = self._seen.setdefault(path, _Seen(identity))
             if not seen.name and now >= seen.retry_at:
                 seen.name = await self._register(path)
                 seen.retry_at = now + RETRY_SECONDS
@@ -352,7 +352,10 @@ def _claims(messages: ModuleType, claims: Sequence[ClaimTriple]) -> list[Any]:
     return [messages.Claim(namespace=ns, name=name, uid=uid) for ns, name, uid in claims]
 
 
-def _sockets(directory: Path) -> Iterable[tuple[Path, int]]:
+def _sockets(directory: Path) -> Iterable[tuple[Path, tuple[int, int]]]:
+    """Each socket with its identity. The inode alone is not one: a socket removed and made
+    again between two polls may get the same inode back, which the kubelet's watcher (told of
+    every creation) does not miss either."""
     with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
         for entry in entries:
             if entry.name.startswith("."):
@@ -360,4 +363,4 @@ def _sockets(directory: Path) -> Iterable[tuple[Path, int]]:
             with contextlib.suppress(FileNotFoundError):
                 info = entry.stat(follow_symlinks=False)
                 if stat.S_ISSOCK(info.st_mode):
-                    yield Path(entry.path), info.st_ino
+                    yield Path(entry.path), (info.st_ino, info.st_ctime_ns)
