@@ -343,8 +343,10 @@ class PluginWatcher:
 async def _close(plugin: Plugin) -> None:
     if plugin.health_task is not None:
         plugin.health_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await plugin.health_task
+        # Wait for it to end without taking on its cancellation: suppressing CancelledError
+        # here would also swallow the cancellation of the task closing it (`stop` cancelling
+        # a scan that is deregistering), which then never ends.
+        await asyncio.wait([plugin.health_task])
     await plugin.channel.close(None)
 
 
