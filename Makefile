@@ -17,7 +17,10 @@ $(LINT_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[dev,lint]'
 	touch $(LINT_STAMP)
 
+# The simulated libnvidia-ml.so.1 (deviceplugin/sim/native/) is built first, with gcc against the
+# pinned nvml.h, and cached under ~/.cache/deviceplugin/nvml-sim/ by a hash of its sources.
 test: $(STAMP)
+	$(PY) -m deviceplugin.sim.libbuild >/dev/null
 	$(PY) -m pytest
 
 demo: $(STAMP)
@@ -27,6 +30,8 @@ demo: $(STAMP)
 demo-dra: $(STAMP)
 	$(VENV)/bin/deviceplugin dra demo
 
+# The Helm chart is linted, rendered and validated too (e2e/helm/check-chart.sh), with Helm built
+# once from the Go module proxy (e2e/helm/build.sh: needs Go; cached outside the clone).
 lint: $(LINT_STAMP)
 	$(PY) -m ruff check deviceplugin tests bench e2e
 	$(PY) -m ruff format --check deviceplugin tests bench e2e
@@ -37,6 +42,7 @@ lint: $(LINT_STAMP)
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.30.0 -k 1.31.0 -k 1.32.0 -k 1.33.0 manifests/*.yaml manifests/variants/*.yaml
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.34.0 -k 1.35.0 -k 1.36.0 -k 1.37.0 manifests/*.yaml manifests/variants/*.yaml manifests/dra/*.yaml
 	$(VENV)/bin/hadolint Dockerfile
+	e2e/helm/check-chart.sh $(VENV)/bin/kubernetes-validate
 
 bench: $(STAMP)
 	$(PY) -m bench
@@ -57,6 +63,9 @@ image: $(STAMP)
 image-dra: $(STAMP)
 	image/build.sh $(CONTAINER_TOOL) $(BASE_IMAGE) $(DRA_IMAGE) $(VERSION) $(PY) '[dra]'
 
+# Host packages: every target below installs those it needs that are missing, before it needs
+# them (e2e/host-packages.txt lists them by group with the reason for each; e2e/host-packages.sh).
+#
 # End to end with a real runtime (root, podman): prepares this host (e2e/setup-host.sh installs
 # podman and runc when missing, configures them, makes a local Debian base and a busybox image
 # with mmdebstrap, cached), builds the image from that base, then runs e2e/: the plugin's own
@@ -92,6 +101,7 @@ cluster-down:
 # The real scheduler at scale on the running cluster (bench/cluster.py): 200 DRA claims over 20
 # nodes against 200 device-plugin pods on the real node, in one run.
 bench-cluster: $(STAMP)
+	e2e/host-packages.sh node
 	$(PY) -m bench.cluster
 
 e2e-cluster: cluster

@@ -12,9 +12,10 @@ A third, pure figure: building the devices and slices from the plan, next to ser
 Prepare: the real `dra serve` driver (in-process, simulated a100-80gb-x8-mixed node with its
 host files laid out) registered with the plugin-watcher emulator; one NodePrepareResources per
 new claim of one device (each of the node's 32 devices in turn) over the DRA socket: the claim
-read from the stand-in, its CDI spec written, the checkpoint saved. The baseline is the same
-call for a claim already prepared, answered from the checkpoint: the gRPC round trip and the
-lookup, so the ratio is what reading the claim and writing two files add. Unprepare of those
+read from the stand-in, the checkpoint saved as started, its CDI spec written, the checkpoint
+saved as complete. The baseline is the same call for a claim already prepared, answered from
+the checkpoint: the gRPC round trip, the node's lock and a read of the checkpoint, so the ratio
+is what reading the claim and writing the files add. Unprepare of those
 claims (spec removed, checkpoint saved) is measured against the same baseline.
 `python -m bench.dra` prints the figures; `run(root)` returns them.
 """

@@ -127,6 +127,9 @@ def serve(
     """A `deviceplugin serve` on a simulated node, logging to <root>/serve.log (not started)."""
     command = [str(_CONSOLE)] if _CONSOLE.exists() else [PYTHON, "-m", "deviceplugin"]
     argv = [*command, "serve", "--simulate", simulate, "--kubelet-dir", str(kubelet_dir)]
+    # Never the host's spec directory: serve removes a spec it does not want, and this host may
+    # be a real node (or run the real-cluster tests) whose plugin wrote one there.
+    argv += ["--cdi-spec-dir", str(root / "cdi")]
     if config_file is not None:
         argv += ["--config-file", str(config_file)]
     if events is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
+from deviceplugin.model.configselect import CONFIG_LABEL
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
 from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS, TaintEffect
 from deviceplugin.ops.logs import LogFormat
@@ -80,6 +81,27 @@ _DRA_FLAGS: dict[str, tuple[str, str, str]] = {
         f" (default {DEFAULT_TAINT})",
     ),
 }
+# `serve` only: per-node configuration by node label and GPU node labels, the two features for
+# which it reads its own Node from the API server (off unless asked for).
+_NODE_FLAGS: dict[str, tuple[str, str, str]] = {
+    "config-dir": (
+        "config_dir",
+        "DP_CONFIG_DIR",
+        "a directory of named config files (a ConfigMap mounted whole): the node's label "
+        f"{CONFIG_LABEL} names the one that applies; instead of --config-file",
+    ),
+    "default-config": (
+        "default_config",
+        "DEFAULT_CONFIG",
+        "with --config-dir: the config of a node without the label",
+    ),
+    "gpu-labels": (
+        "gpu_labels",
+        "DP_GPU_LABELS",
+        "on: label this node with its GPUs (nvidia.com/gpu.product, ...); off (default)",
+    ),
+}
+_NODE_API_FLAGS = ("kubeconfig", "node-name")  # of _DRA_FLAGS, which `serve` takes as well
 # Config overrides the DRA driver acts on; the others shape only what the device plugin
 # advertises, so `dra serve` and `dra explain` refuse them.
 DRA_OVERRIDES = ("fail_on_init_error", "nvidia_driver_root", "nvidia_dev_root")
@@ -100,10 +122,9 @@ _OVERRIDE_HELP = {
 _DEVICE_PLUGIN_ENV = frozenset(ENV_OVERRIDES[key] for key in DEVICE_PLUGIN_ONLY)
 HEALTH_ENV_VARS = ("DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "DP_HEALTH_POLICY")
 
+_ALL_FLAGS = (*_RUNTIME_FLAGS.values(), *_DRA_FLAGS.values(), *_NODE_FLAGS.values())
 SERVE_ENV_VARS: frozenset[str] = frozenset(
-    [env for _, env, _ in (*_RUNTIME_FLAGS.values(), *_DRA_FLAGS.values())]
-    + list(ENV_OVERRIDES.values())
-    + list(HEALTH_ENV_VARS)
+    [env for _, env, _ in _ALL_FLAGS] + list(ENV_OVERRIDES.values()) + list(HEALTH_ENV_VARS)
 )
 
 
@@ -136,6 +157,14 @@ class Settings:
     kubeconfig: str | None = None  # dra serve
     node_name: str | None = None  # dra serve
     unhealthy_taint: TaintEffect | None = DEFAULT_TAINT  # dra serve, dra explain; None: off
+    config_dir: str | None = None  # serve: named configs chosen by node label
+    default_config: str | None = None  # serve, with config_dir
+    gpu_labels: bool = False  # serve
+
+    @property
+    def follows_node(self) -> bool:
+        """Whether `serve` reads its own Node from the API server."""
+        return self.command == "serve" and (self.config_dir is not None or self.gpu_labels)
 
 
 def _flag(key: str) -> str:
@@ -154,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     cdi_spec = commands.add_parser("cdi-spec", help="print the CDI spec serve would write")
     for sub in (serve, inspect, cdi_spec):
         _add_serve_flags(sub, _RUNTIME_FLAGS)
+    node_api = {name: _DRA_FLAGS[name] for name in _NODE_API_FLAGS}
+    _add_serve_flags(serve, {**_NODE_FLAGS, **node_api}, ())
     cdi_spec.add_argument("-o", "--output", choices=("json", "yaml"), default="json")
     inspect.add_argument("-o", "--output", choices=("table", "json"), default="table")
     inspect.add_argument("--pods", action="store_true", help="show which pod holds each device")
@@ -175,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # The DRA driver has its own kubelet root (--kubelet-root): refuse --kubelet-dir.
     dra_runtime = {k: v for k, v in _RUNTIME_FLAGS.items() if k != "kubelet-dir"}
-    _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS}, DRA_OVERRIDES)
+    named = {name: _NODE_FLAGS[name] for name in ("config-dir", "default-config")}
+    _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS, **named}, DRA_OVERRIDES)
     _refuse_device_plugin_flags(dra_serve)
     dra_commands.add_parser(
         "demo", help="dra serve on a simulated node against a plugin watcher and an API server"
@@ -224,7 +256,7 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
     args = parser.parse_args(list(argv))
     values = vars(args)
     runtime: dict[str, str | None] = {}
-    for dest, env_name, _ in (*_RUNTIME_FLAGS.values(), *_DRA_FLAGS.values()):
+    for dest, env_name, _ in _ALL_FLAGS:
         given = values.get(dest)
         runtime[dest] = given if given is not None else env.get(env_name) or None
     log_format = runtime["log_format"] or "text"
@@ -243,6 +275,15 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
                 " as its MIG devices"
             )
         env = {k: v for k, v in env.items() if k not in _DEVICE_PLUGIN_ENV}
+    gpu_labels = runtime["gpu_labels"] or "off"
+    if command in ("serve", "dra serve"):
+        if runtime["config_dir"] and runtime["config_file"]:
+            parser.error(
+                "--config-dir / DP_CONFIG_DIR and --config-file / CONFIG_FILE are both given:"
+                " choose one (a directory of named configs, or one file)"
+            )
+        if gpu_labels not in ("on", "off"):
+            parser.error(f"--gpu-labels / DP_GPU_LABELS must be on or off, got {gpu_labels!r}")
     taint = runtime["unhealthy_taint"] or DEFAULT_TAINT
     if command.startswith("dra ") and taint != "off" and taint not in TAINT_EFFECTS:
         parser.error(
@@ -275,6 +316,9 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
         kubeconfig=runtime["kubeconfig"],
         node_name=runtime["node_name"],
         unhealthy_taint=next((effect for effect in TAINT_EFFECTS if effect == taint), None),
+        config_dir=runtime["config_dir"] if command in ("serve", "dra serve") else None,
+        default_config=runtime["default_config"],
+        gpu_labels=command == "serve" and gpu_labels == "on",
     )
     problem = _path_problem(settings)
     if problem is not None:

@@ -46,7 +46,7 @@ def cdi_spec(settings: Settings) -> int:
     )
     config = parsed.config
     try:
-        nvml = open_nvml(settings.simulate)
+        nvml = open_nvml(settings.simulate, None, config.flags.nvidia_driver_root)
         nvml.init()
         try:
             inventory = discover(nvml)
@@ -71,17 +71,25 @@ def cdi_spec(settings: Settings) -> int:
 
 
 def sim_root(settings: Settings) -> int:
-    """Write the host tree of a simulated node under DIR, for `--nvidia-driver-root DIR`."""
-    from deviceplugin.sim.hostroot import lay_out
+    """Write the host tree of a simulated node under DIR, with the simulated NVML library, for
+    `--nvidia-driver-root DIR` (and any other NVML consumer given DIR as its driver root)."""
+    from deviceplugin.sim.hostroot import install_library, lay_out
+    from deviceplugin.sim.libbuild import BuildError, library_path
     from deviceplugin.sim.node import read_node, resolve_node_path
 
     directory = Path(settings.directory or "")
     node = read_node(resolve_node_path(settings.node or ""))
     try:
+        library = library_path()
+    except BuildError as exc:
+        print(f"sim-root: no simulated libnvidia-ml.so.1: {exc}", file=sys.stderr)
+        return 1
+    try:
         real = lay_out(node, directory)
+        install_library(node, directory, library)
     except OSError as exc:
         print(f"sim-root: cannot write {directory}: {exc.strerror}", file=sys.stderr)
         return 1
     kind = "character devices" if real else "plain files (not root: no mknod)"
-    print(f"{directory}: {len(node.gpus)} GPUs' host files, device nodes as {kind}")
+    print(f"{directory}: {len(node.gpus)} GPUs' host files, device nodes as {kind}, NVML simulated")
     return 0

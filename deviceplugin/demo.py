@@ -74,6 +74,7 @@ async def demo() -> int:
     settings = Settings(
         command="serve",
         kubelet_dir=root / "k",
+        cdi_spec_dir=root / "cdi",  # never the host's: a demo must not touch a real node's spec
         simulate=PRESET,
         simulate_events=str(events),
         config_file=str(config),

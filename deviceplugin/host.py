@@ -15,18 +15,19 @@ from pathlib import Path
 
 from deviceplugin.model.config import Config, ParsedConfig
 from deviceplugin.model.errors import ConfigError
-from deviceplugin.model.hostpaths import host_path
+from deviceplugin.model.hostpaths import MIG_MINORS, host_path
 from deviceplugin.model.log import log_event
 from deviceplugin.node.nvml import Nvml, real_nvml
 
 
-def open_nvml(simulate: str | None, events_path: str | None = None) -> Nvml:
-    """The real NVML library, or with `simulate` (a preset name or node file) the simulator,
-    which reads events appended to `events_path`. Not initialised yet: call `init()`."""
+def open_nvml(simulate: str | None, events_path: str | None = None, driver_root: str = "/") -> Nvml:
+    """The real NVML library (the `libnvidia-ml.so.1` under `driver_root` when it has one), or
+    with `simulate` (a preset name or node file) the simulator, which reads events appended to
+    `events_path`. Not initialised yet: call `init()`."""
     if simulate is None:
         if events_path is not None:
             raise ConfigError("simulateEvents", "simulated events need --simulate")
-        return real_nvml()
+        return real_nvml(driver_root)
     from deviceplugin.sim.fake_nvml import FakeNvml  # loaded only when simulating
 
     sim = FakeNvml(simulate, events_path)
@@ -71,10 +72,16 @@ def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost |
     """None on a real node. Under `--simulate`, the config's driver root is the simulated host
     when one is set (a tree made with `deviceplugin sim-root`; one with no `proc/` gets the
     simulated kernel module's files in a temp dir); otherwise the node's tree is laid out in a
-    new temp dir. `close()` removes what was made."""
-    if simulate is None:
-        return None
+    new temp dir. Without `--simulate`, a driver root other than `/` that carries the kernel
+    module's files under its own `proc/` (a sim-root, where the simulated libnvidia-ml serves
+    NVML) is the simulated host too: no runtime lets a container mount them over its /proc.
+    `close()` removes what was made."""
     root = config.flags.nvidia_driver_root
+    if simulate is None:
+        simulated = root != "/" and os.path.isfile(
+            host_path(host_path(root, REAL_PROC_ROOT), MIG_MINORS)
+        )
+        return SimulatedHost(root, temporary=False) if simulated else None
     if root != "/":
         if os.path.isdir(host_path(root, REAL_PROC_ROOT)):
             return SimulatedHost(root, temporary=False)

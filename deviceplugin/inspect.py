@@ -53,7 +53,7 @@ def dry_run(settings: Settings) -> dict[str, Any]:
     notes = list(parsed.warnings)
     resources: dict[str, ResourceSet] = {}
     try:
-        nvml = open_nvml(settings.simulate, None)
+        nvml = open_nvml(settings.simulate, None, config.flags.nvidia_driver_root)
         nvml.init()
     except NvmlError as exc:
         if config.flags.fail_on_init_error:

@@ -22,6 +22,7 @@ from deviceplugin.supervisor import Supervisor
 from deviceplugin.watch import Watchers
 
 if TYPE_CHECKING:
+    from deviceplugin.nodeagent import NodeAgent
     from deviceplugin.ops.http import HttpServer
 
 logger = logging.getLogger(__name__)
@@ -57,11 +58,21 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
         )
     watchers = Watchers()
     periodic: asyncio.Task[None] | None = None
+    node: NodeAgent | None = None
     try:
         if http is not None:
             await http.start()
+        if settings.follows_node:  # only then: the API client is imported by no other serve
+            from deviceplugin.nodeagent import NodeAgent
+
+            node = NodeAgent(settings, supervisor)
+            await node.start()
         await supervisor.start()
-        if settings.config_file:
+        if node is not None:
+            node.serving()
+        if node is not None and settings.config_dir:
+            watchers.watch_config(loop, node.config_path, node.config_changed)
+        elif settings.config_file:
             watchers.watch_config(
                 loop, Path(settings.config_file), lambda: supervisor.reload("config file changed")
             )
@@ -89,6 +100,8 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
             with contextlib.suppress(asyncio.CancelledError):
                 await periodic
         await asyncio.to_thread(watchers.stop)
+        if node is not None:
+            await node.stop()
         try:
             await supervisor.shutdown()
         finally:

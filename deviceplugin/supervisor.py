@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from deviceplugin.background import spawn
 from deviceplugin.cdispec import CdiSpecKeeper
@@ -78,6 +79,8 @@ class Supervisor:
         self._stopped = asyncio.Event()
         self._stopping = False
         self._started = False
+        # with --config-dir: what the node's config selection reports in /status
+        self.selection_view: Callable[[], Mapping[str, Any]] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -92,7 +95,11 @@ class Supervisor:
         config = parsed.config
         self._prepare_kubelet_dir()
         try:
-            self._nvml = open_nvml(self.settings.simulate, self.settings.simulate_events)
+            self._nvml = open_nvml(
+                self.settings.simulate,
+                self.settings.simulate_events,
+                config.flags.nvidia_driver_root,
+            )
             self._nvml.init()
         except NvmlError as exc:
             self._nvml = None
@@ -147,16 +154,31 @@ class Supervisor:
             health_monitor_alive=self._monitor is not None and self._monitor.alive,
             nvml_available=self._nvml is not None,
             kubelet_restarting=self._registrar.restarting,
-            config_source=self.settings.config_file,
+            config_source=self._config_file.path,
             last_config_error=self._config_file.last_error,
             last_config_error_field=self._config_file.last_error_field,
             started=self._started,
             cdi_spec_error=self._cdi.error,
+            config_selection=self.selection_view() if self.selection_view else None,
         )
 
     @property
     def config(self) -> Config:
         return self._parsed.config if self._parsed else Config()
+
+    @property
+    def inventory(self) -> Inventory | None:
+        """The node's devices as last discovered; None before discovery or without NVML."""
+        return self._inventory
+
+    @property
+    def config_path(self) -> str | None:
+        return self._config_file.path
+
+    def use_config_file(self, path: str) -> None:
+        """Read the config from `path` from now on (the node's named config): the next reload
+        applies it, or refuses it and keeps the config in force."""
+        self._config_file.path = path
 
     # --- triggers ---------------------------------------------------------------------------------
 
@@ -261,7 +283,7 @@ class Supervisor:
 
     def _parse(self, text: str | None) -> ParsedConfig:
         """The file's content with flag and environment overrides applied."""
-        return load_config_text(text, self.settings.config_file, self._overrides, self.settings.env)
+        return load_config_text(text, self._config_file.path, self._overrides, self.settings.env)
 
     async def _plan(self, inventory: Inventory, config: Config) -> Plan:
         """The resources `config` makes of `inventory`: a config of thousands of rules takes
@@ -271,14 +293,12 @@ class Supervisor:
     async def _open_host(self, text: str | None) -> ParsedConfig:
         """`text` parsed, with the simulated node's host files opened under `--simulate`:
         Allocate and the CDI spec then read device nodes, mig-minors and driver files there."""
-        settings = self.settings
+        settings, source = self.settings, self._config_file.path
         parsed, self._host, self._overrides = await self._config_file.step(
             lambda: open_host_config(
                 settings.simulate,
                 settings.overrides,
-                lambda overrides: load_config_text(
-                    text, settings.config_file, overrides, settings.env
-                ),
+                lambda overrides: load_config_text(text, source, overrides, settings.env),
             ),
             "parsing",
         )

@@ -135,13 +135,13 @@ class ConfigWatch:
         self,
         watches: DirectoryWatches,
         loop: asyncio.AbstractEventLoop,
-        path: Path,
+        path: Path | Callable[[], Path],
         on_change: Trigger,
         delay: float,
     ) -> None:
         self._directories = watches
         self._loop = loop
-        self._path = path
+        self._path = path if callable(path) else lambda: path
         self._on_change = on_change
         self._debounced = Debounced(loop, self._changed, delay)
         self._lock = threading.Lock()  # re-arming runs on worker threads, one at a time
@@ -182,7 +182,8 @@ class ConfigWatch:
         """Watch the directories the path leads through now; True when the file's stat changed
         since the last look."""
         with self._lock:
-            wanted = config_targets(self._path)
+            path = self._path()
+            wanted = config_targets(path)
             self._relevant = wanted
             for directory in list(self._watches):
                 watch, identity = self._watches[directory]
@@ -192,8 +193,8 @@ class ConfigWatch:
             for directory in wanted:
                 if directory not in self._watches:
                     self._schedule(directory)
-            self._report_lost(wanted)
-            fingerprint = _fingerprint(self._path)
+            self._report_lost(path, wanted)
+            fingerprint = _fingerprint(path)
             changed, self._fingerprint = fingerprint != self._fingerprint, fingerprint
             return changed
 
@@ -221,8 +222,8 @@ class ConfigWatch:
             return
         self._watches[directory] = (watch, identity)
 
-    def _report_lost(self, wanted: dict[str, frozenset[str]]) -> None:
-        directory = os.path.dirname(os.path.abspath(self._path))
+    def _report_lost(self, path: Path, wanted: dict[str, frozenset[str]]) -> None:
+        directory = os.path.dirname(os.path.abspath(path))
         lost = directory not in wanted
         if lost and not self._lost:
             log_event(
@@ -255,18 +256,19 @@ class Watchers:
     def watch_config(
         self,
         loop: asyncio.AbstractEventLoop,
-        config_file: Path,
+        config_file: Path | Callable[[], Path],
         on_change: Trigger,
         delay: float = 0.05,
         check_every: float = CONFIG_CHECK_SECONDS,
     ) -> None:
-        """Reload when the config file may have changed (see `ConfigWatch`). Call on the loop."""
+        """Reload when the config file may have changed (see `ConfigWatch`); `config_file` may
+        be a function, for a file chosen anew as the node's label changes. Call on the loop."""
         self._config = ConfigWatch(self._on(loop), loop, config_file, on_change, delay)
         self._config.start(check_every)
         log_event(
             logger,
             "watch.config",
-            directory=str(config_file.parent),
+            directory=str((config_file() if callable(config_file) else config_file).parent),
             check_every_seconds=check_every,
         )
 

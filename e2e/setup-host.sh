@@ -4,9 +4,8 @@
 #   sudo e2e/setup-host.sh
 #
 # Idempotent: every step checks first and does nothing when its result is already there.
-#   1. installs podman, runc, mmdebstrap, busybox-static and catatonit (for `podman run --init`)
-#      with apt-get, only those missing (one `apt-get update` first, only when something is to
-#      be installed), without recommends (they would pull crun, which fails here);
+#   1. installs the `images` packages of e2e/host-packages.txt (podman, runc, mmdebstrap,
+#      busybox-static, catatonit) that are missing, through e2e/host-packages.sh;
 #   2. makes podman use runc (crun refuses this machine's hybrid cgroup layout) and drops the
 #      default ulimits (setting RLIMIT_NOFILE fails here with "operation not permitted"), in
 #      /etc/containers/containers.conf, keeping every other setting that file holds;
@@ -34,7 +33,6 @@ E2E_MIRROR=${E2E_MIRROR:-}
 E2E_REBUILD=${E2E_REBUILD:-0}
 CONTAINERS_CONF=${CONTAINERS_CONF_PATH:-/etc/containers/containers.conf}
 BASE_PACKAGES=python3,python3-venv,python3-pip,python-is-python3
-PACKAGES=(podman runc mmdebstrap busybox-static catatonit)
 
 log() { printf '[setup-host] %s\n' "$*"; }
 die() { printf '[setup-host] error: %s\n' "$*" >&2; exit 1; }
@@ -58,23 +56,8 @@ command -v apt-get >/dev/null || die "apt-get not found: this script supports De
 
 # --- 1. packages ------------------------------------------------------------------------------
 install_packages() {
-    local missing=() pkg
-    # dpkg's status, not a command: `busybox` may be the dynamic package, and a package removed
-    # but not purged still has a status entry that is not "installed".
-    for pkg in "${PACKAGES[@]}"; do
-        if [ "$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)" != installed ]; then
-            missing+=("$pkg")
-        fi
-    done
-    if [ ${#missing[@]} -eq 0 ]; then
-        log "packages: ${PACKAGES[*]} already installed"
-        return
-    fi
-    log "packages: installing ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    log "packages: installed ${missing[*]} ($(podman --version), $(runc --version | head -n1))"
+    "$(dirname "$0")/host-packages.sh" images
+    log "packages: $(podman --version), $(runc --version | head -n1)"
 }
 
 # --- 2. containers.conf -----------------------------------------------------------------------

@@ -23,7 +23,8 @@ from deviceplugin.cli import SERVE_ENV_VARS, Settings
 from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
 from deviceplugin.sim.apiserver import ApiServer
-from deviceplugin.sim.hostroot import lay_out
+from deviceplugin.sim.hostroot import EVENTS_FILE, install_library, lay_out
+from deviceplugin.sim.libbuild import library_path
 from deviceplugin.sim.node import read_node, resolve_node_path
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 
@@ -51,6 +52,17 @@ def host_tree(simulate: str) -> Path:
         lay_out(read_node(resolve_node_path(simulate)), root)
         _HOSTS[simulate] = root
     return _HOSTS[simulate]
+
+
+def library_tree(simulate: str) -> Path:
+    """A fresh driver root with the simulated libnvidia-ml.so.1 (its state, such as a lost GPU,
+    lives as long as the process, so each test gets its own copy), as `sim-root` makes it."""
+    root = short_dir("drasim")
+    atexit.register(shutil.rmtree, root, True)
+    node = read_node(resolve_node_path(simulate))
+    lay_out(node, root, every_instance=False)
+    install_library(node, root, library_path())
+    return root
 
 
 def write_kubeconfig(path: Path, url: str) -> Path:
@@ -202,21 +214,26 @@ async def running_driver(
     overrides: Mapping[str, str | None] | None = None,
     recovery: str = "off",
     watcher: bool = True,
+    library: bool = False,
 ) -> AsyncIterator[Node]:
-    """The driver started and (with `watcher`) registered, its first slices published."""
+    """The driver started and (with `watcher`) registered, its first slices published. With
+    `library`, no `--simulate`: the production path on the simulated libnvidia-ml.so.1."""
     root = short_dir()
     server = ApiServer()
     await server.start()
     events = root / "events.jsonl"
     events.touch()
+    driver_root = library_tree(simulate) if library else host_tree(simulate)
+    if library:
+        events = driver_root / EVENTS_FILE
     settings = Settings(
         command="dra serve",
-        simulate=simulate,
-        simulate_events=str(events),
+        simulate=None if library else simulate,
+        simulate_events=None if library else str(events),
         health_recovery_after=recovery,
         cdi_spec_dir=root / "cdi",
         overrides={
-            "nvidia_driver_root": str(host_tree(simulate)),
+            "nvidia_driver_root": str(driver_root),
             **(overrides or {}),
         },
         driver_name=DRIVER,

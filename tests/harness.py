@@ -18,6 +18,7 @@ from deviceplugin.cli import Settings
 from deviceplugin.demo import SEED_CONFIG, write_configmap
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.service import run_supervisor
+from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.supervisor import Supervisor
 
@@ -79,9 +80,11 @@ async def running_plugin(
     configmap: bool = True,
     kubelet_type: Callable[[Path], KubeletEmulator] = KubeletEmulator,
     cdi_spec_dir: Path | None = None,
+    driver_root: Path | None = None,
 ) -> AsyncIterator[Plugin]:
     """`kubelet_type` makes the emulator on the kubelet directory (a subclass can observe
-    registrations); `cdi_spec_dir` replaces `<root>/cdi`."""
+    registrations); `cdi_spec_dir` replaces `<root>/cdi`. With `driver_root` (a sim-root tree),
+    no `--simulate`: the production path on the simulated libnvidia-ml.so.1 there."""
     root = Path(tempfile.mkdtemp(prefix="dpt"))
     kubelet = kubelet_type(root / "k")
     if start_kubelet:
@@ -94,11 +97,14 @@ async def running_plugin(
         config.write_text(config_text)
     events = root / "ev.jsonl"
     events.touch()
+    if driver_root is not None:
+        events = driver_root / EVENTS_FILE
     settings = Settings(
         command="serve",
         kubelet_dir=root / "k",
-        simulate=simulate,
-        simulate_events=str(events),
+        simulate=None if driver_root else simulate,
+        simulate_events=None if driver_root else str(events),
+        overrides={"nvidia_driver_root": str(driver_root)} if driver_root else {},
         config_file=str(config),
         health_recovery_after=recovery,
         cdi_spec_dir=cdi_spec_dir or root / "cdi",

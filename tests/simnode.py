@@ -1,4 +1,9 @@
-"""Small simulated nodes for tests: write a node file, open NVML on it, append events."""
+"""Small simulated nodes for tests: write a node file, open NVML on it, append events.
+
+Two backends stand behind `SimNode` (the `nvml_backend` fixture of conftest.py picks one):
+"python", the simulator object in place of the pynvml module, and "c", the real pynvml bound
+to the simulated libnvidia-ml.so.1 that `sim-root` installs, reached through the production
+path (`real_nvml(driver_root)`)."""
 
 from __future__ import annotations
 
@@ -6,10 +11,28 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from deviceplugin.node.nvml import Nvml
+from deviceplugin.node.nvml import Nvml, real_nvml
 from deviceplugin.sim.fake_nvml import FakeNvml
+from deviceplugin.sim.hostroot import EVENTS_FILE, install_library
+from deviceplugin.sim.libbuild import library_path
+from deviceplugin.sim.node import read_node
+
+BACKENDS = ("python", "c")
+_backend = {"name": "python"}
+
+
+def use_backend(name: str) -> None:
+    """Make the next SimNodes use this backend."""
+    _backend["name"] = name
+
+
+def python_only(why: str) -> None:
+    """Skip the running test on the C backend."""
+    if _backend["name"] != "python":
+        pytest.skip(f"python backend only: {why}")
 
 
 def gpu_uuid(index: int) -> str:
@@ -51,9 +74,18 @@ class SimNode:
 
     def __init__(self, tmp_path: Path, gpus: list[dict[str, Any]], numa: bool = True) -> None:
         self.node_path = write_node(tmp_path / "node.yaml", gpus)
-        self.events_path = tmp_path / "events.jsonl"
-        self.sim = FakeNvml(str(self.node_path), str(self.events_path))
-        self.nvml = Nvml(self.sim, numa_reader=self.sim.numa_node if numa else None)
+        self.backend = _backend["name"]
+        self.sim: Any
+        if self.backend == "c":
+            root = tmp_path / "root"
+            install_library(read_node(self.node_path), root, library_path())
+            self.events_path = root / EVENTS_FILE
+            self.nvml = real_nvml(str(root))
+            self.sim = self.nvml.module
+        else:
+            self.events_path = tmp_path / "events.jsonl"
+            self.sim = FakeNvml(str(self.node_path), str(self.events_path))
+            self.nvml = Nvml(self.sim, numa_reader=self.sim.numa_node if numa else None)
         self.nvml.init()
 
     def append(self, *lines: dict[str, Any] | str) -> None:
@@ -62,4 +94,5 @@ class SimNode:
                 stream.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
 
     def rewrite(self, gpus: list[dict[str, Any]]) -> None:
+        python_only("the C library reads its node once, at its first nvmlInit")
         write_node(self.node_path, gpus)

@@ -19,6 +19,8 @@ from deviceplugin.node.discovery import discover, mig_profile_name, sysfs_bus_id
 from deviceplugin.node.nvml import Nvml
 from deviceplugin.sim.fake_nvml import FakeNvml
 
+pytestmark = pytest.mark.usefixtures("nvml_backend")
+
 GOLDEN = yaml.safe_load((Path(__file__).parent / "data" / "mig-profiles.yaml").read_text())
 # GH200-144GB has no published NVML total; its names imply 146433..147456 MiB.
 TOTAL_FALLBACK_MIB = {"GH200-144GB": 147456}
@@ -255,13 +257,20 @@ def _sysfs(root: Path, bus_id: str, text: str) -> None:
     (directory / "numa_node").write_text(text)
 
 
-def test_numa_from_sysfs(tmp_path: Path) -> None:
+def test_numa_from_sysfs_where_nvml_cannot_say(tmp_path: Path) -> None:
     _sysfs(tmp_path, "0000:10:00.0", "1\n")
     _sysfs(tmp_path, "0000:11:00.0", "-1\n")
     _sysfs(tmp_path, "0000:12:00.0", "garbage\n")
-    node = SimNode(tmp_path, [gpu(i, numaNode=0) for i in range(4)], numa=False)
+    node = SimNode(tmp_path, [gpu(i) for i in range(4)], numa=False)
     inventory = discover(node.nvml, host_root=str(tmp_path))
     assert [g.numa_node for g in inventory.gpus] == [1, None, None, None]
+
+
+def test_numa_from_nvml_before_sysfs(tmp_path: Path) -> None:
+    _sysfs(tmp_path, "0000:10:00.0", "1\n")
+    node = SimNode(tmp_path, [gpu(0, numaNode=0), gpu(1, numaNode=2)], numa=False)
+    inventory = discover(node.nvml, host_root=str(tmp_path))
+    assert [g.numa_node for g in inventory.gpus] == [0, 2]
 
 
 def test_numa_from_simulator_ignores_sysfs(tmp_path: Path) -> None:
@@ -341,9 +350,9 @@ def test_mig_layout_recut_is_rediscovered(tmp_path: Path) -> None:
     assert [m.profile for m in discover(node.nvml).gpus[0].mig_devices] == ["3g.40gb", "4g.40gb"]
 
 
-def test_discovery_works_without_numa_reader_on_plain_nvml(tmp_path: Path) -> None:
+def test_discovery_asks_plain_nvml_for_numa_nodes(tmp_path: Path) -> None:
     sim = FakeNvml("a10-x8")
     nvml = Nvml(sim)
     nvml.init()
     inventory = discover(nvml, host_root=str(tmp_path))
-    assert [g.numa_node for g in inventory.gpus] == [None] * 8
+    assert [g.numa_node for g in inventory.gpus] == [0] * 4 + [1] * 4

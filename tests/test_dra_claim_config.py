@@ -272,6 +272,38 @@ def test_shares_of_one_device_get_their_own_cdi_devices_and_v1_names_the_share()
     run(body)
 
 
+def test_a_device_is_prepared_for_one_claim_unless_admin_access_or_share_ids_share_it() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            owner = node.add_claim(claim("owner", [("gpu", WHOLE[0])]))
+            taken = node.add_claim(claim("taken", [("gpu", WHOLE[0])]))
+            monitor = node.add_claim(
+                configured(claim("monitor", [("gpu", WHOLE[0])]), adminAccess=True)
+            )
+            shares = [
+                node.add_claim(configured(claim(f"share-{n}", [("gpu", WHOLE[1])]), shareID=s))
+                for n, s in enumerate([SHARES[0], SHARES[1], SHARES[0]])
+            ]
+            response = await node.watcher.prepare(DRIVER, [owner, taken, monitor, *shares])
+            errors = {uid: e.error for uid, e in response.claims.items()}
+            assert errors[taken[2]] == (
+                f"ResourceClaim default/taken: {WHOLE[0]} is already prepared for ResourceClaim"
+                " default/owner; claims share a device only with admin access or each with its"
+                " own share ID"
+            )
+            assert errors[shares[2][2]].endswith(
+                f"{WHOLE[1]} is already prepared for ResourceClaim default/share-0; claims share"
+                " a device only with admin access or each with its own share ID"
+            )
+            assert {uid for uid, error in errors.items() if error} == {taken[2], shares[2][2]}
+            assert len(list(node.cdi_dir.glob("*.json"))) == 4
+
+            await node.watcher.unprepare(DRIVER, [owner])
+            assert (await node.watcher.prepare(DRIVER, [taken])).claims[taken[2]].error == ""
+
+    run(body)
+
+
 def test_a_gpu_runs_one_time_slice_a_claim_asking_another_is_refused_naming_both() -> None:
     async def body() -> None:
         async with running_driver() as node:
@@ -301,7 +333,10 @@ def test_concurrent_and_repeated_prepare_and_unprepare_agree_and_leave_one_state
             ref = node.add_claim(
                 configured(claim("busy", [("gpu", WHOLE[0])]), ("FromClaim", [], gpu_config()))
             )
-            others = [node.add_claim(claim(f"other-{n}", [("gpu", WHOLE[1])])) for n in range(4)]
+            elsewhere = [*WHOLE[1:], MIG]  # one device per claim: none is shared
+            others = [
+                node.add_claim(claim(f"other-{n}", [("gpu", d)])) for n, d in enumerate(elsewhere)
+            ]
             calls = [node.watcher.prepare(DRIVER, [ref]) for _ in range(8)]
             calls += [node.watcher.prepare(DRIVER, [other]) for other in others]
             answers = await asyncio.gather(*calls)

@@ -14,6 +14,7 @@ import yaml
 
 from deviceplugin.__main__ import main
 from deviceplugin.dra.claims import Candidate, allocate
+from deviceplugin.dra.explain import ExplainOptions, node_devices
 from deviceplugin.dra.resourceapi import (
     Claim,
     Constraint,
@@ -24,8 +25,9 @@ from deviceplugin.dra.resourceapi import (
     read_claims,
 )
 from deviceplugin.dra.selectors import Selector, SelectorError, cel_device, parse_quantity
-from deviceplugin.model.slices import build_devices
+from deviceplugin.model.slices import build_devices, device_name
 from tests.dranode import inventory
+from tests.draplugin import PRESET, published, run, running_driver
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "manifests" / "dra"
 CLASSES = MANIFESTS / "deviceclasses.yaml"
@@ -508,3 +510,48 @@ def test_claim_documents_are_read_from_the_manifests() -> None:
         [yaml.safe_load((MANIFESTS / "resourceclaim-mig-pair.yaml").read_text())], "p"
     )
     assert pair.constraints == (Constraint("nvidia.com/parentUUID", ("migs",)),)
+
+
+def test_explain_and_dra_serve_read_one_events_file_alike() -> None:
+    """The same lines through the running driver's health monitor and through `dra explain`:
+    a MIG device's Xid routed to it, a GPU-wide Xid on a MIG-enabled GPU, an ignored Xid, and an
+    Xid on a GPU that fell off the bus (`gpu-lost`, not the Xid)."""
+    found = inventory(PRESET)
+    migs = [gpu for gpu in found.gpus if gpu.mig_enabled]
+    wholes = [gpu for gpu in found.gpus if not gpu.mig_enabled]
+    lines: list[dict[str, Any]] = [
+        {"uuid": migs[0].mig_devices[0].uuid, "xid": 94},
+        {"uuid": migs[1].uuid, "xid": 48},
+        {"uuid": wholes[0].uuid, "xid": 13},
+        {"uuid": wholes[1].uuid, "lost": True, "xid": 79},
+    ]
+    expected_unhealthy = 1 + len(migs[1].mig_devices) + 1
+
+    def health(devices: list[dict[str, Any]]) -> dict[str, tuple[bool, list[str]]]:
+        return {
+            d["name"]: (
+                d["attributes"]["nvidia.com/healthy"]["bool"],
+                [t["value"] for t in d.get("taints", [])],
+            )
+            for d in devices
+        }
+
+    async def body() -> None:
+        async with running_driver(recovery="off") as node:
+            for line in lines:
+                node.event(**line)
+
+            def served() -> dict[str, tuple[bool, list[str]]]:
+                return health(list(published(node.server).values()))
+
+            await node.until(
+                lambda: sum(not ok for ok, _ in served().values()) == expected_unhealthy, 30
+            )
+            options = ExplainOptions(
+                class_file="", simulate=PRESET, events_file=str(node.events), env={}
+            )
+            explained = health(node_devices(options))
+            assert explained == served()
+            assert explained[device_name(wholes[1], None)] == (False, ["gpu-lost"])
+
+    run(body)

@@ -9,6 +9,7 @@ import asyncio
 import shutil
 
 import grpc
+import pytest
 
 from deviceplugin.dra.devicehealth import (
     HEALTH_TIMEOUT_SECONDS,
@@ -33,9 +34,10 @@ MIG_NAME = device_name(PARENT, MIG)
 KIND = "k8s.gpu.nvidia.com/claim"
 
 
-def test_a_prepared_devices_health_reaches_the_pod_status_and_comes_back() -> None:
+@pytest.mark.parametrize("library", [False, True], ids=["simulate", "driver-root"])
+def test_a_prepared_devices_health_reaches_the_pod_status_and_comes_back(library: bool) -> None:
     async def body() -> None:
-        async with running_driver(recovery="1s") as node:
+        async with running_driver(recovery="1s", library=library) as node:
             plugin = node.watcher.plugins[DRIVER]
             assert plugin.health_service == "v1.DRAResourceHealth"
             await node.until(lambda: plugin.health_reports > 0)
@@ -158,3 +160,17 @@ def test_a_mig_device_takes_its_own_reason_first_then_its_gpus() -> None:
     assert states[MIG_NAME] == DeviceState(MIG_NAME, False, "Xid 94")
     assert states[device_name(PARENT, other)].reason == "Xid 79"
     assert states[WHOLE_NAME] == DeviceState(WHOLE_NAME, True)
+
+
+def test_the_slices_are_the_same_on_the_simulated_library() -> None:
+    """`dra serve --simulate` and `dra serve --nvidia-driver-root` on the node's sim-root (the
+    production path, nvidia-ml-py on the simulated libnvidia-ml.so.1) publish the same slices."""
+
+    async def body() -> None:
+        async with running_driver() as simulated:
+            expected = published(simulated.server)
+        async with running_driver(library=True) as real:
+            assert published(real.server) == expected
+        assert len(expected) > 8
+
+    run(body)

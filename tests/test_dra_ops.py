@@ -48,6 +48,7 @@ from tests.test_http import get, sample
 FOUND = inventory(PRESET)
 WHOLE = next(gpu for gpu in FOUND.gpus if not gpu.mig_enabled)
 WHOLE_NAME = f"gpu-{WHOLE.minor}"
+OTHER_NAME = next(f"gpu-{g.minor}" for g in FOUND.gpus if not g.mig_enabled and g != WHOLE)
 DEADLINE = 30.0  # generous: a loaded CI machine
 
 
@@ -176,10 +177,11 @@ async def running(
 
 
 def spec_host_path(cdi_dir: Path, device: Any) -> str:
-    """The host path of the GPU's device node in the claim's CDI device."""
+    """The host path of the GPU's device node in the claim's CDI device (`gpu-<minor>`)."""
     (cdi_id,) = device.cdi_device_ids
     nodes = resolve(cdi_dir, cdi_id)["deviceNodes"]
-    (gpu_node,) = [n for n in nodes if n["path"] == f"/dev/nvidia{WHOLE.minor}"]
+    minor = device.device_name.removeprefix("gpu-")
+    (gpu_node,) = [n for n in nodes if n["path"] == f"/dev/nvidia{minor}"]
     return str(gpu_node["hostPath"])
 
 
@@ -284,8 +286,13 @@ def test_metrics_follow_publishes_prepares_unprepares_and_health() -> None:
             assert not answer.error
             _, failed = await node.prepare("unallocated", [("gpu", WHOLE_NAME)], allocated=False)
             assert failed.error
+            _, taken = await node.prepare("taken", [("gpu", WHOLE_NAME)])
+            assert "already prepared for ResourceClaim default/ok" in taken.error
+            for reason in ("not-allocated", "overlap"):
+                failures = "deviceplugin_dra_prepare_failures_total"
+                assert await node.metric(failures, reason=reason) == 1
             prepare = "NodePrepareResources"
-            assert await node.metric("deviceplugin_dra_claims_total", method=prepare) == 2
+            assert await node.metric("deviceplugin_dra_claims_total", method=prepare) == 3
             assert (
                 await node.metric("deviceplugin_dra_claims_total", method=prepare, outcome="ok")
                 == 1
@@ -293,7 +300,7 @@ def test_metrics_follow_publishes_prepares_unprepares_and_health() -> None:
             assert await node.metric("deviceplugin_dra_prepared_claims") == 1
             assert (
                 await node.metric("deviceplugin_dra_rpc_duration_seconds_count", method=prepare)
-                == 2
+                == 3
             )
 
             await node.watcher.unprepare(DRIVER, [("default", "ok", uid)])
@@ -351,7 +358,7 @@ def test_a_configmap_update_is_adopted_and_new_claims_get_its_roots() -> None:
 
                 configmap(node.config_dir, config_text(host_tree(PRESET), dev_root=other))
                 await node.wait_metric("deviceplugin_config_reloads_total", 1, result="applied")
-                _, second = await node.prepare("after", [("gpu", WHOLE_NAME)])
+                _, second = await node.prepare("after", [("gpu", OTHER_NAME)])
                 assert spec_host_path(cdi_dir, second.devices[0]).startswith(str(other))
                 assert spec_host_path(cdi_dir, first.devices[0]).startswith(
                     str(host_tree(PRESET))

@@ -5,12 +5,15 @@ checkpoint across a restart, per-claim errors, and health reaching the published
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 
 import pytest
 
 from deviceplugin.cli import Settings
+from deviceplugin.dra.checkpoint import read_boot_id
 from deviceplugin.dra.registration import SUPPORTED_SERVICES
 from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.errors import NvmlError
@@ -143,8 +146,10 @@ def test_a_prepared_claim_survives_a_restart_and_unprepares_after_it() -> None:
             checkpoint = json.loads(
                 (node.kubelet_root / "plugins" / DRIVER / "checkpoint.json").read_text()
             )
-            assert checkpoint["version"] == 1 and checkpoint["checksum"].startswith("sha256:")
+            assert checkpoint["version"] == 2 and checkpoint["checksum"].startswith("sha256:")
+            assert checkpoint["data"]["bootID"] == read_boot_id()
             assert list(checkpoint["data"]["claims"]) == [uid]
+            assert checkpoint["data"]["claims"][uid]["state"] == "PrepareCompleted"
 
             await node.restart()
             await node.watcher.wait_registered(DRIVER)
@@ -207,6 +212,44 @@ def test_each_claim_that_cannot_be_prepared_gets_its_own_error() -> None:
             ]
             assert node.driver.preparer is not None
             assert list(node.driver.preparer.prepared) == [good[2]]
+
+    run(body)
+
+
+def test_a_slow_disk_does_not_stall_the_event_loop_while_claims_prepare_and_unprepare(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every fsync of Prepare and Unprepare takes 0.5 s here; the loop, which also answers the
+    kubelet's other calls and the health streams, keeps ticking meanwhile."""
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.5)
+        real_fsync(fd)
+
+    async def body() -> None:
+        async with running_driver() as node:
+            ref = node.add_claim(claim("slow", [("gpu", WHOLE_NAME)]))
+            gaps: list[float] = []
+
+            async def tick() -> None:
+                loop = asyncio.get_running_loop()
+                while True:
+                    began = loop.time()
+                    await asyncio.sleep(0.01)
+                    gaps.append(loop.time() - began)
+
+            monkeypatch.setattr(os, "fsync", slow_fsync)
+            ticker = asyncio.ensure_future(tick())
+            try:
+                began = time.monotonic()
+                assert (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]].error == ""
+                assert (await node.watcher.unprepare(DRIVER, [ref])).claims[ref[2]].error == ""
+                assert time.monotonic() - began >= 2.0  # four fsyncs did happen, slowly
+            finally:
+                ticker.cancel()
+                monkeypatch.setattr(os, "fsync", real_fsync)
+            assert max(gaps) < 0.4, max(gaps)
 
     run(body)
 
@@ -307,6 +350,7 @@ def test_a_mig_recut_is_republished_and_prepared_from_the_new_devices() -> None:
 
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="this host has an NVIDIA driver")
+@pytest.mark.usefixtures("no_nvml_library")
 def test_without_nvml_fail_on_init_error_decides_raise_or_idle() -> None:
     """Real NVML on a host without a driver: failOnInitError true raises (exit 1 in
     `__main__`); false idles, publishing nothing and registering nothing, even after the

@@ -3,16 +3,29 @@ unix sockets, as the kubelet drives it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import grpc
 import pytest
 from harness import GPU, MIG, SEED, run, running_plugin
+from test_sim_library import sim_root
 
 from deviceplugin.sim.kubelet import KubeletEmulator
 
 
-def test_seed_config_registers_replicas_and_mig_devices() -> None:
+@pytest.fixture(params=["simulate", "driver-root"])
+def plugin_flags(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """`serve --simulate a100-80gb-x8-mixed`, or `serve --nvidia-driver-root` on that node's
+    sim-root: nvidia-ml-py on the simulated libnvidia-ml.so.1, the production path."""
+    if request.param == "simulate":
+        return {}
+    return {"driver_root": sim_root("a100-80gb-x8-mixed", tmp_path / "root")}
+
+
+def test_seed_config_registers_replicas_and_mig_devices(plugin_flags: dict[str, Any]) -> None:
     async def body() -> None:
-        async with running_plugin() as plugin:
+        async with running_plugin(**plugin_flags) as plugin:
             kubelet = plugin.kubelet
             assert kubelet.resources() == [GPU, MIG]
             assert kubelet.allocatable(GPU) == 8 and len(kubelet.devices(GPU)) == 8
@@ -91,9 +104,11 @@ def test_unknown_ids_are_refused_and_the_server_keeps_serving() -> None:
     run(body())
 
 
-def test_xid_marks_every_replica_in_one_update_and_allocate_refuses_them() -> None:
+def test_xid_marks_every_replica_in_one_update_and_allocate_refuses_them(
+    plugin_flags: dict[str, Any],
+) -> None:
     async def body() -> None:
-        async with running_plugin() as plugin:
+        async with running_plugin(**plugin_flags) as plugin:
             kubelet = plugin.kubelet
             victim = sorted(kubelet.devices(GPU))[0].split("::")[0]
             mig_updates = kubelet.endpoints[MIG].updates
@@ -113,9 +128,9 @@ def test_xid_marks_every_replica_in_one_update_and_allocate_refuses_them() -> No
     run(body())
 
 
-def test_xid_on_a_mig_device_marks_only_that_device() -> None:
+def test_xid_on_a_mig_device_marks_only_that_device(plugin_flags: dict[str, Any]) -> None:
     async def body() -> None:
-        async with running_plugin() as plugin:
+        async with running_plugin(**plugin_flags) as plugin:
             kubelet = plugin.kubelet
             target = sorted(kubelet.devices(MIG))[5]
             plugin.event(uuid=target, xid=94)

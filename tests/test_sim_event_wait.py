@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 from harness import inotify_descriptors
-from simnode import SimNode, gpu, gpu_uuid
+from simnode import SimNode, gpu, gpu_uuid, python_only
 
 from deviceplugin.sim import events as sim_events
+
+pytestmark = pytest.mark.usefixtures("nvml_backend")
 
 
 def _wait_for_append(node: SimNode, timeout_ms: int) -> tuple[object, float]:
@@ -52,6 +54,8 @@ def test_freeing_the_last_set_closes_the_watch(tmp_path: Path) -> None:
 
 
 def test_without_inotify_the_wait_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python_only("inotify is stubbed in the simulator's Python module")
+
     def unavailable(directory: Path, mask: int) -> int:
         raise OSError(24, "Too many open files")
 

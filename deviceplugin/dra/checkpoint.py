@@ -6,18 +6,25 @@ prepared before a restart. So every change to the set of prepared claims is save
 call returns, atomically (a temp file renamed over the checkpoint: a crash leaves the old file
 or the new one), and loaded at start-up.
 
-The file is `{"version": 1, "checksum": "sha256:<hex>", "data": {"claims": {<uid>: ...}}}`;
-the checksum covers `data` serialised with sorted keys and no spaces, so a torn or edited file
-is detected (`CheckpointError`) instead of answering the kubelet from garbage. Each device also
+The file is `{"version": 2, "checksum": "sha256:<hex>", "data": {"bootID": ..., "claims":
+{<uid>: ...}}}`; the checksum covers `data` serialised with sorted keys and no spaces, so a torn
+or edited file is detected (`CheckpointError`) instead of answering the kubelet from garbage.
+Each claim has a `state`: `PrepareStarted` while its CDI spec is being written, then
+`PrepareCompleted`, so a crash in between is found and undone at start-up. `bootID` is the
+node's boot that wrote the file: prepared state does not survive a reboot. Each device also
 records how it was set up, each key only when set (`adminAccess`, `shareID`, `sharing`,
-`timeSliceInterval`), so files written before these existed load unchanged.
+`timeSliceInterval`).
+
+Older versions are read and migrated one step at a time (`_MIGRATIONS`: version 1 had neither
+states nor a boot ID; its claims were all complete), and the next save writes the current
+version. A version newer than this driver's is refused, not guessed at.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +32,12 @@ from typing import Any
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.node.cdiwriter import SpecWriter
 
-VERSION = 1
+VERSION = 2
 FILE_NAME = "checkpoint.json"
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+STARTED = "PrepareStarted"
+COMPLETED = "PrepareCompleted"
+STATES = (STARTED, COMPLETED)
 
 
 class CheckpointError(DevicePluginError):
@@ -49,45 +60,80 @@ class PreparedDevice:
 
 @dataclass(frozen=True)
 class PreparedClaim:
-    """A claim this driver prepared, and the answer it gave."""
+    """A claim this driver prepared (or is preparing), and the answer it gave."""
 
     namespace: str
     name: str
     devices: tuple[PreparedDevice, ...]
+    state: str = COMPLETED
+
+    @property
+    def completed(self) -> bool:
+        return self.state == COMPLETED
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What a checkpoint file holds: the boot that wrote it ("" when unknown: version 1) and the
+    claims by UID; `version` is the file's own, before migration."""
+
+    boot_id: str
+    claims: Mapping[str, PreparedClaim]
+    version: int = VERSION
 
 
 class Checkpoint:
-    """Reads and writes one checkpoint file."""
+    """Reads and writes one checkpoint file, for the boot `boot_id`."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, boot_id: str = "") -> None:
         self.path = path
+        self.boot_id = boot_id
         self._writer = SpecWriter(path)
 
-    def load(self) -> dict[str, PreparedClaim]:
-        """The claims by UID; none when there is no file yet. Raises CheckpointError."""
+    def load(self) -> Saved:
+        """The file's contents in the current version; empty when there is no file yet. Raises
+        CheckpointError."""
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return {}
+            return Saved(self.boot_id, {})
         except OSError as err:
             raise CheckpointError(f"cannot read {self.path}: {err.strerror}") from err
         try:
             document = json.loads(text)
-            if document.get("version") != VERSION:
+            version = document.get("version")
+            if version not in range(1, VERSION + 1) or isinstance(version, bool):
+                newer = isinstance(version, int) and version > VERSION
                 raise CheckpointError(
-                    f"{self.path}: version {document.get('version')!r}, expected {VERSION}"
+                    f"{self.path}: version {version!r}, this driver reads versions 1 to "
+                    f"{VERSION}" + (" (it was written by a newer driver)" if newer else "")
                 )
             data = document["data"]
             if document.get("checksum") != checksum(data):
                 raise CheckpointError(f"{self.path}: checksum mismatch")
-            return {uid: _claim(entry) for uid, entry in data["claims"].items()}
+            for step in range(version, VERSION):
+                data = _MIGRATIONS[step](data)
+            claims = {uid: _claim(entry) for uid, entry in data["claims"].items()}
+            return Saved(str(data["bootID"]), claims, version)
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise CheckpointError(f"{self.path}: malformed: {err!r}") from err
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        """Replace the file with `claims`, atomically. Raises OSError."""
-        data = {"claims": {uid: _entry(claim) for uid, claim in sorted(claims.items())}}
+        """Replace the file with `claims`, for this boot, atomically. Raises OSError."""
+        data = {
+            "bootID": self.boot_id,
+            "claims": {uid: _entry(claim) for uid, claim in sorted(claims.items())},
+        }
         self._writer.write({"version": VERSION, "checksum": checksum(data), "data": data})
+
+
+def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
+    """This boot's ID, as the kernel gives it; "" when it cannot be read (no reboot is then
+    detected). Raises nothing."""
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def checksum(data: Any) -> str:
@@ -96,8 +142,19 @@ def checksum(data: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _from_v1(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Version 1 saved only completed claims and no boot ID."""
+    claims = {uid: {**entry, "state": COMPLETED} for uid, entry in data["claims"].items()}
+    return {"bootID": "", "claims": claims}
+
+
+# version -> the step from it to the next version
+_MIGRATIONS: dict[int, Callable[[Mapping[str, Any]], dict[str, Any]]] = {1: _from_v1}
+
+
 def _entry(claim: PreparedClaim) -> dict[str, Any]:
     return {
+        "state": claim.state,
         "namespace": claim.namespace,
         "name": claim.name,
         "devices": [_device_entry(d) for d in claim.devices],
@@ -122,9 +179,13 @@ def _device_entry(device: PreparedDevice) -> dict[str, Any]:
 
 
 def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
+    state = entry["state"]
+    if state not in STATES:
+        raise ValueError(f"state {state!r} is not one of {', '.join(STATES)}")
     return PreparedClaim(
         namespace=str(entry["namespace"]),
         name=str(entry["name"]),
+        state=state,
         devices=tuple(
             PreparedDevice(
                 requests=tuple(str(r) for r in d["requests"]),

@@ -35,11 +35,12 @@ from deviceplugin.dra.resourceapi import Claim, read_claims, read_classes
 from deviceplugin.dra.selectors import SelectorError
 from deviceplugin.host import open_nvml
 from deviceplugin.model.config import load_config
+from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.slices import DEFAULT_TAINT, DRIVER, TaintEffect, build_devices
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.node.discovery import discover
-from deviceplugin.node.health import GPU_LOST
+from deviceplugin.node.health import GPU_LOST, xid_health
 from deviceplugin.sim.events import parse_line
 
 JsonObject = dict[str, Any]
@@ -130,15 +131,17 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
             nvml.shutdown()
     unhealthy = dict.fromkeys(options.unhealthy, "marked-unhealthy")
     if options.events_file:
-        unhealthy.update(
-            events_health(Path(options.events_file), HealthPolicy.from_env(options.env))
-        )
+        policy = HealthPolicy.from_env(options.env)
+        unhealthy.update(events_health(Path(options.events_file), policy, inventory))
     return build_devices(inventory, unhealthy, options.driver, options.taint)
 
 
-def events_health(path: Path, policy: HealthPolicy) -> dict[str, str]:
-    """UUID -> reason for each device a simulated-events line takes away under `policy`."""
+def events_health(path: Path, policy: HealthPolicy, inventory: Inventory) -> dict[str, str]:
+    """UUID -> reason for each device a simulated-events line takes away under `policy`, by the
+    health monitor's rule (`xid_health`): an Xid comes from the GPU, with a MIG device's
+    instance ids, and on a GPU that fell off the bus it says `gpu-lost`."""
     unhealthy: dict[str, str] = {}
+    lost: set[str] = set()
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as err:
@@ -152,15 +155,28 @@ def events_health(path: Path, policy: HealthPolicy) -> dict[str, str]:
             raise ConfigError("simulate-events", f"{path}:{number}: not an event: {err}") from err
         if event.uuid is None:
             continue  # a waitError line: nothing about health
+        gpu, gi, ci = _event_source(inventory, event.uuid)
         if event.lost is True:
-            unhealthy[event.uuid] = GPU_LOST
+            lost.add(gpu)
+            unhealthy[gpu] = GPU_LOST
         elif event.lost is False:
-            unhealthy.pop(event.uuid, None)
+            lost.discard(gpu)
+            unhealthy.pop(gpu, None)
         if event.xid is not None:
             decision = policy.decide(event.xid)
-            if decision.fatal:
-                unhealthy[event.uuid] = decision.reason
+            targets, reason = xid_health(inventory, decision, gpu, gi, ci, gpu in lost)
+            unhealthy.update(dict.fromkeys(targets, reason))
     return unhealthy
+
+
+def _event_source(inventory: Inventory, uuid: str) -> tuple[str, int | None, int | None]:
+    """The GPU an event line's NVML event comes from, with the GPU and compute instance of a
+    MIG device (as the simulator reports it)."""
+    for gpu in inventory.gpus:
+        for mig in gpu.mig_devices:
+            if mig.uuid == uuid:
+                return gpu.uuid, mig.gpu_instance_id, mig.compute_instance_id
+    return uuid, None, None
 
 
 def read_documents(path: str | None) -> list[object]:

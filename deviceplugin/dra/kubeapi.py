@@ -11,7 +11,6 @@ as `KubeApiError` (`ConflictError` for 409), so callers handle one exception typ
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import aiohttp
@@ -20,8 +19,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 from deviceplugin.model.errors import ConfigError, DevicePluginError
-
-JsonObject = dict[str, Any]
+from deviceplugin.model.jsonobject import JsonObject, json_object
 
 
 class KubeApiError(DevicePluginError):
@@ -105,16 +103,8 @@ class KubeApi:
             self.unreachable = f"API server unreachable: {err!r}"
             raise KubeApiError(self.unreachable) from err
         self.unreachable = None
-        answer = _json(data)
+        answer = json_object(data)
         if not 200 <= status <= 299:
             message = f"API server answered {status}: {answer.get('message') or data[:200]!r}"
             raise (ConflictError if status == 409 else KubeApiError)(message, status)
         return answer
-
-
-def _json(data: bytes) -> JsonObject:
-    try:
-        answer = json.loads(data) if data else {}
-    except ValueError:
-        return {}
-    return answer if isinstance(answer, dict) else {}

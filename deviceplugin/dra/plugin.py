@@ -35,10 +35,12 @@ logger = logging.getLogger(__name__)
 
 
 class ClaimsObserver(Protocol):
-    """Told how each kubelet call went (for metrics): how long it took, and how many of its
-    claims succeeded and failed; cheap, never raises."""
+    """Told how each kubelet call went (for metrics): how long it took, how many of its claims
+    succeeded and failed, and why each Prepare failed; cheap, never raises."""
 
     def claims_done(self, method: str, seconds: float, ok: int, failed: int) -> None: ...
+
+    def prepare_failed(self, reason: str) -> None: ...
 
 
 class _Service:
@@ -59,9 +61,11 @@ class _Service:
             outcomes = await self._preparer.prepare(refs)
         except Exception as err:
             self._done("NodePrepareResources", began, [str(err)] * len(refs))
+            self._failed(["internal"] * len(refs))
             log_exception(logger, "dra.prepare.failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"prepare failed: {err}")
         self._done("NodePrepareResources", began, [o.error for o in outcomes.values()])
+        self._failed([o.reason for o in outcomes.values() if o.error])
         response = self._messages.NodePrepareResourcesResponse()
         for uid, outcome in outcomes.items():
             entry = response.claims[uid]
@@ -93,6 +97,11 @@ class _Service:
             failed = sum(1 for error in errors if error)
             seconds = time.perf_counter() - began
             self._observer.claims_done(method, seconds, len(errors) - failed, failed)
+
+    def _failed(self, reasons: Collection[str]) -> None:
+        if self._observer is not None:
+            for reason in reasons:
+                self._observer.prepare_failed(reason)
 
     def _device(self, device: PreparedDevice) -> Any:
         """The kubelet's Device; in v1 with the share ID of a shared device (v1beta1 has no

@@ -16,30 +16,52 @@ checkpoints the answer. CDI names, for driver `gpu.nvidia.com`:
   libraries use), so Unprepare finds it from the UID alone, even without a checkpoint entry.
 
 A claim that cannot be prepared (not found, not allocated, re-created with another UID, a
-device this node does not publish, a spec that cannot be written) gets an error string in its
-own entry; the other claims of the call are prepared anyway. A claim reference whose UID is not
-a UID, or whose namespace or name Kubernetes would not allow, is refused before anything is
-read or written: the UID names the claim's spec file. A claim already prepared is
-answered from the checkpoint, without asking the API server. Unprepare removes the spec and the
-checkpoint entry; an unknown claim is already unprepared.
+device this node does not publish or already prepared for another claim, a spec that cannot be
+written) gets an error string in its own entry, and a reason for the metrics; the other claims
+of the call are prepared anyway. A claim reference whose UID is not a UID, or whose namespace or
+name Kubernetes would not allow, is refused before anything is read or written: the UID names
+the claim's spec file. A claim already prepared is answered from the checkpoint, without asking
+the API server. Unprepare removes the spec and the checkpoint entry; an unknown claim is already
+unprepared.
+
+Crash safety. Each change holds the node's lock (`nodelock.py`: one driver process at a time)
+and starts from the checkpoint as it is on disk. A claim is checkpointed `PrepareStarted`
+before its spec is written and `PrepareCompleted` after, so a driver that died in between finds
+it at start-up and rolls it back (spec removed, entry dropped); the kubelet's retry prepares it
+anew. Unprepare removes the spec before the entry, so a retry after a crash finds the entry and
+finishes. A checkpoint of an earlier boot is dropped at start-up: nothing prepared survives a
+reboot. Files are written, fsynced and removed off the event loop. `failpoints.py` can stop the
+process between these steps, to prove it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from deviceplugin.dra.checkpoint import (
+    COMPLETED,
+    STARTED,
+    VERSION,
     Checkpoint,
     CheckpointError,
     PreparedClaim,
     PreparedDevice,
+    Saved,
+)
+from deviceplugin.dra.failpoints import (
+    PREPARE_AFTER_CDI_SPEC,
+    PREPARE_AFTER_CHECKPOINT,
+    UNPREPARE_AFTER_CDI_SPEC_REMOVED,
+    Failpoints,
 )
 from deviceplugin.dra.kubeapi import KubeApiError
+from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
     EXCLUSIVE,
     ConfigEntry,
@@ -69,6 +91,22 @@ logger = logging.getLogger(__name__)
 JsonObject = dict[str, Any]
 CDI_CLASS = "claim"
 RESULTS_PATH = "status.allocation.devices.results"
+LOCK_FILE_NAME = "checkpoint.lock"
+
+# Why a claim could not be prepared: the `reason` label of the failure metric.
+INVALID_REFERENCE = "invalid-reference"  # the kubelet's namespace, name or UID
+NOT_FOUND = "not-found"
+API_ERROR = "api-error"
+RECREATED = "recreated"  # another UID than the kubelet's
+NOT_ALLOCATED = "not-allocated"
+INVALID_CONFIG = "invalid-config"  # opaque config, a share ID
+UNKNOWN_DEVICE = "unknown-device"
+HOST_FILES = "host-files"  # the device's CDI edits cannot be built
+OVERLAP = "overlap"  # the device is prepared for another claim
+TIME_SLICE = "time-slice"  # another time slice than the GPU runs
+CDI_SPEC = "cdi-spec"  # the spec cannot be written
+CHECKPOINT = "checkpoint"  # the checkpoint cannot be saved
+LOCKED = "locked"  # another driver process holds the node's lock
 
 
 class ClaimReader(Protocol):
@@ -103,14 +141,20 @@ def claim_problem(index: int, ref: ClaimRef) -> str | None:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One claim's answer: its devices, or why it could not be prepared."""
+    """One claim's answer: its devices, or why it could not be prepared (`error` for the
+    kubelet, `reason` for the metrics)."""
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""
+    reason: str = ""
 
 
 class PrepareError(DevicePluginError):
     """This claim cannot be prepared; the message goes to the kubelet as the claim's error."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -161,8 +205,8 @@ def cdi_device_name(uid: str, device: str, share: str = "") -> str:
 
 
 class Preparer:
-    """Prepares and unprepares claims for one driver and pool (the node). Calls are serialised
-    where they touch files, so concurrent kubelet calls cannot interleave a checkpoint write."""
+    """Prepares and unprepares claims for one driver and pool (the node). Changes are serialised
+    in this process and, by the node's lock, with any other driver process on the node."""
 
     def __init__(
         self,
@@ -172,6 +216,7 @@ class Preparer:
         driver: str,
         pool: str,
         devices: NodeDevices,
+        failpoints: Failpoints | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -179,20 +224,39 @@ class Preparer:
         self._reader = reader
         self._checkpoint = checkpoint
         self._devices = devices
+        self._failpoints = failpoints or Failpoints()
         self._claims: dict[str, PreparedClaim] = {}
         self._lock = asyncio.Lock()
+        self._node_lock = NodeLock(checkpoint.path.with_name(LOCK_FILE_NAME))
 
-    def load(self) -> None:
-        """Adopt the checkpoint. One that cannot be trusted is logged and set aside: claims it
-        held are prepared again from the API server when the kubelet asks, and their specs are
-        found by UID when it unprepares."""
-        try:
-            self._claims = self._checkpoint.load()
-        except CheckpointError as err:
-            log_event(logger, "dra.checkpoint.unusable", logging.ERROR, error=str(err))
-            self._claims = {}
-            return
-        log_event(logger, "dra.checkpoint.loaded", claims=len(self._claims))
+    async def load(self) -> None:
+        """Adopt the checkpoint, under the node's lock. Claims whose Prepare was cut short are
+        rolled back, and all of an earlier boot's are dropped, specs removed. One that cannot
+        be trusted is logged and set aside: claims it held are prepared again from the API
+        server when the kubelet asks, and their specs are found by UID when it unprepares.
+        Raises LockTimeout."""
+        async with self._serialized():
+            saved = await self._saved()
+            if saved is None:
+                return
+            dropped = self._stale(saved)
+            self._claims = {u: c for u, c in saved.claims.items() if u not in dropped}
+            for uid in dropped:
+                try:
+                    await asyncio.to_thread(SpecWriter(self.spec_path(uid)).remove)
+                except OSError as err:
+                    # kept as cut short: rolled back at the next start
+                    self._claims[uid] = replace(saved.claims[uid], state=STARTED)
+                    log_event(
+                        logger,
+                        "dra.spec.orphaned",
+                        logging.WARNING,
+                        path=str(self.spec_path(uid)),
+                        error=describe(err),
+                    )
+            if dropped or saved.version != VERSION or saved.boot_id != self._checkpoint.boot_id:
+                await self._save_or_log(self._claims)
+        log_event(logger, "dra.checkpoint.loaded", claims=len(self._claims), boot_id=saved.boot_id)
 
     def use(self, devices: NodeDevices) -> None:
         """Map later allocation results to these devices (after a rediscovery); claims already
@@ -206,84 +270,156 @@ class Preparer:
 
     @property
     def prepared(self) -> Mapping[str, PreparedClaim]:
-        return dict(self._claims)
+        """The claims prepared to completion."""
+        return {uid: claim for uid, claim in self._claims.items() if claim.completed}
 
     def spec_path(self, uid: str) -> Path:
         return self.cdi_dir / spec_file_name(self.driver, uid)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
-        """One outcome per claim UID."""
-        outcomes = {uid: Outcome(error=why) for uid, why in _refused(claims).items()}
-        for ref in claims:
-            if ref.uid not in outcomes and (known := self._done(ref)) is not None:
-                outcomes[ref.uid] = Outcome(known.devices)
-        todo = [ref for ref in claims if ref.uid not in outcomes]
-        read = await asyncio.gather(*(self._read(ref) for ref in todo))
-        async with self._lock:
-            fresh: dict[str, PreparedClaim] = {}
-            for ref, found in zip(todo, read, strict=True):
-                known = self._done(ref)
-                if known is not None:
-                    outcomes[ref.uid] = Outcome(known.devices)
-                    continue
-                try:
-                    if isinstance(found, PrepareError):
-                        raise found
-                    fresh[ref.uid] = self._prepare(ref, found, {**self._claims, **fresh})
-                except PrepareError as err:
-                    log_event(
-                        logger,
-                        "dra.claim.failed",
-                        logging.WARNING,
-                        claim=str(ref),
-                        uid=ref.uid,
-                        error=str(err),
-                    )
-                    outcomes[ref.uid] = Outcome(error=str(err))
-            if fresh:
-                outcomes.update(self._commit(fresh))
+        """One outcome per claim UID. Claims not yet prepared are read from the API server
+        concurrently, before the lock is taken."""
+        outcomes = {
+            uid: Outcome(error=why, reason=INVALID_REFERENCE)
+            for uid, why in _refused(claims).items()
+        }
+        todo = [r for r in claims if r.uid not in outcomes and self._done(r.uid) is None]
+        read = dict(zip(todo, await asyncio.gather(*(self._read(r) for r in todo)), strict=True))
+        try:
+            async with self._serialized():
+                self._claims = await self._current()
+                fresh: dict[str, tuple[PreparedClaim, JsonObject | None]] = {}
+                for ref in claims:
+                    if ref.uid in outcomes:
+                        continue
+                    if (known := self._done(ref.uid)) is not None:
+                        outcomes[ref.uid] = Outcome(known.devices)
+                        continue
+                    found = read[ref] if ref in read else await self._read(ref)
+                    try:
+                        if isinstance(found, PrepareError):
+                            raise found
+                        others = {**self.prepared, **{u: c for u, (c, _) in fresh.items()}}
+                        fresh[ref.uid] = self._plan(ref, found, others)
+                    except PrepareError as err:
+                        _log_failed(ref, ref.uid, str(err))
+                        outcomes[ref.uid] = Outcome(error=str(err), reason=err.reason)
+                if fresh:
+                    outcomes.update(await self._commit(fresh))
+        except (LockTimeout, OSError) as err:
+            why = self._not_locked(err)
+            for ref in claims:
+                outcomes.setdefault(ref.uid, Outcome(error=why, reason=LOCKED))
         return {ref.uid: outcomes[ref.uid] for ref in claims}
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
-        """An error string per claim UID, empty when it is unprepared (or never was)."""
+        """An error string per claim UID, empty when it is unprepared (or never was). The spec
+        goes first, the checkpoint entry after: a crash in between leaves an entry whose
+        Unprepare the kubelet retries."""
         errors = _refused(claims)
-        async with self._lock:
-            removed: dict[str, PreparedClaim] = {}
+        try:
+            async with self._serialized():
+                self._claims = await self._current()
+                removed: dict[str, PreparedClaim] = {}
+                for ref in claims:
+                    if ref.uid in errors:
+                        continue
+                    path = self.spec_path(ref.uid)
+                    try:
+                        await asyncio.to_thread(SpecWriter(path).remove)
+                    except OSError as err:
+                        errors[ref.uid] = f"removing CDI spec {path}: {describe(err)}"
+                        continue
+                    errors[ref.uid] = ""
+                    if (known := self._claims.get(ref.uid)) is not None:
+                        removed[ref.uid] = known
+                if removed:
+                    self._failpoints.reach(UNPREPARE_AFTER_CDI_SPEC_REMOVED)
+                    remaining = {u: c for u, c in self._claims.items() if u not in removed}
+                    try:
+                        await asyncio.to_thread(self._checkpoint.save, remaining)
+                        self._claims = remaining
+                    except OSError as err:
+                        for uid in removed:  # a retry saves again
+                            errors[uid] = self._save_failed(err)
+        except (LockTimeout, OSError) as err:
+            why = self._not_locked(err)
             for ref in claims:
-                if ref.uid in errors:
-                    continue
-                try:
-                    SpecWriter(self.spec_path(ref.uid)).remove()
-                except OSError as err:
-                    errors[ref.uid] = (
-                        f"removing CDI spec {self.spec_path(ref.uid)}: {describe(err)}"
-                    )
-                    continue
-                errors[ref.uid] = ""
-                known = self._claims.pop(ref.uid, None)
-                if known is not None:
-                    removed[ref.uid] = known
-            if removed:
-                try:
-                    self._checkpoint.save(self._claims)
-                except OSError as err:
-                    self._claims.update(removed)  # a retry saves again
-                    for uid in removed:
-                        errors[uid] = f"saving checkpoint {self._checkpoint.path}: {describe(err)}"
-            for uid, claim in removed.items():
-                if not errors[uid]:
-                    log_event(
-                        logger, "dra.claim.unprepared", claim=f"{claim.namespace}/{claim.name}"
-                    )
+                errors.setdefault(ref.uid, why)
+            return {ref.uid: errors[ref.uid] for ref in claims}
+        for uid, claim in removed.items():
+            if not errors[uid]:
+                log_event(logger, "dra.claim.unprepared", claim=f"{claim.namespace}/{claim.name}")
         return {ref.uid: errors[ref.uid] for ref in claims}
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _done(self, ref: ClaimRef) -> PreparedClaim | None:
-        """The checkpointed claim, while its spec is still on disk (a claim with no devices of
-        ours has none)."""
-        known = self._claims.get(ref.uid)
-        if known is None or (known.devices and not self.spec_path(ref.uid).exists()):
+    def _serialized(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """This process's lock, then the node's."""
+        return _both(self._lock, self._node_lock)
+
+    def _not_locked(self, err: LockTimeout | OSError) -> str:
+        """Why the node's lock was not taken: held too long elsewhere, or its file unusable."""
+        if isinstance(err, OSError):
+            return f"opening {self._node_lock.path}: {describe(err)}"
+        return str(err)
+
+    async def _saved(self) -> Saved | None:
+        """The checkpoint as on disk; None (logged) when it cannot be trusted."""
+        try:
+            return await asyncio.to_thread(self._checkpoint.load)
+        except CheckpointError as err:
+            log_event(logger, "dra.checkpoint.unusable", logging.ERROR, error=str(err))
+            return None
+
+    async def _current(self) -> dict[str, PreparedClaim]:
+        """The claims as the checkpoint holds them now (another driver process on the node may
+        have changed them); what this process knew when the file cannot be trusted."""
+        saved = await self._saved()
+        return dict(saved.claims) if saved is not None else self._claims
+
+    def _stale(self, saved: Saved) -> list[str]:
+        """The saved claims to roll back at start-up, each logged: all of them when an earlier
+        boot wrote the file, else those whose Prepare was cut short."""
+        now = self._checkpoint.boot_id
+        if saved.boot_id and now and saved.boot_id != now:
+            log_event(
+                logger,
+                "dra.checkpoint.earlier_boot",
+                logging.WARNING,
+                saved_boot_id=saved.boot_id,
+                boot_id=now,
+                dropped=len(saved.claims),
+            )
+            return list(saved.claims)
+        stale = [uid for uid, claim in saved.claims.items() if claim.state == STARTED]
+        for uid in stale:
+            claim = saved.claims[uid]
+            log_event(
+                logger,
+                "dra.claim.rolled_back",
+                logging.WARNING,
+                claim=f"{claim.namespace}/{claim.name}",
+                uid=uid,
+            )
+        return stale
+
+    async def _save_or_log(self, claims: Mapping[str, PreparedClaim]) -> None:
+        try:
+            await asyncio.to_thread(self._checkpoint.save, claims)
+        except OSError as err:
+            log_event(logger, "dra.checkpoint.failed", logging.ERROR, error=self._save_failed(err))
+
+    def _save_failed(self, err: OSError) -> str:
+        return f"saving checkpoint {self._checkpoint.path}: {describe(err)}"
+
+    def _done(self, uid: str) -> PreparedClaim | None:
+        """The claim prepared to completion, while its spec is still on disk (a claim with no
+        devices of ours has none)."""
+        known = self._claims.get(uid)
+        if known is None or not known.completed:
+            return None
+        if known.devices and not self.spec_path(uid).exists():
             return None
         return known
 
@@ -292,27 +428,29 @@ class Preparer:
             return await self._reader.read_claim(ref.namespace, ref.name)
         except KubeApiError as err:
             if err.status == 404:
-                return PrepareError(f"ResourceClaim {ref} not found")
-            return PrepareError(f"reading ResourceClaim {ref}: {err}")
+                return PrepareError(f"ResourceClaim {ref} not found", NOT_FOUND)
+            return PrepareError(f"reading ResourceClaim {ref}: {err}", API_ERROR)
 
-    def _prepare(
+    def _plan(
         self, ref: ClaimRef, claim: JsonObject, others: Mapping[str, PreparedClaim]
-    ) -> PreparedClaim:
-        """Write the claim's spec; the checkpoint is written by the caller. `others` are the
-        claims prepared so far. Raises PrepareError."""
+    ) -> tuple[PreparedClaim, JsonObject | None]:
+        """The claim as it will be prepared (`PrepareStarted`) and its CDI spec (None when it
+        has no device of ours); nothing is written. `others` are the claims prepared so far.
+        Raises PrepareError."""
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
             raise PrepareError(
-                f"ResourceClaim {ref} has UID {uid}, not {ref.uid}: it was deleted and re-created"
+                f"ResourceClaim {ref} has UID {uid}, not {ref.uid}: it was deleted and re-created",
+                RECREATED,
             )
         allocation = (claim.get("status") or {}).get("allocation")
         if not allocation:
-            raise PrepareError(f"ResourceClaim {ref} is not allocated")
+            raise PrepareError(f"ResourceClaim {ref} is not allocated", NOT_ALLOCATED)
         allocated = allocation.get("devices") or {}
         try:
             entries = read_entries(allocated, self.driver)
         except OpaqueConfigError as err:
-            raise PrepareError(f"ResourceClaim {ref}: {err}") from err
+            raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
         devices = []
         edits: dict[str, JsonObject] = {}
         for index, result in enumerate(allocated.get("results") or []):
@@ -321,9 +459,8 @@ class Preparer:
             device, cdi_name, device_edits = self._result(ref, index, result, entries, others)
             edits.setdefault(cdi_name, device_edits)
             devices.append(device)
-        if edits:
-            self._write_spec(ref, cdi_kind(self.driver), edits)
-        return PreparedClaim(ref.namespace, ref.name, tuple(devices))
+        planned = PreparedClaim(ref.namespace, ref.name, tuple(devices), STARTED)
+        return planned, (self._spec(edits) if edits else None)
 
     def _result(
         self,
@@ -342,18 +479,23 @@ class Preparer:
         if found is None:
             raise PrepareError(
                 f"ResourceClaim {ref}: device {name!r} of pool {pool!r} is not a device "
-                f"{self.driver} publishes on this node (pool {self.pool!r})"
+                f"{self.driver} publishes on this node (pool {self.pool!r})",
+                UNKNOWN_DEVICE,
             )
         share = str(result.get("shareID") or "")
         if share and (problem := uid_problem(share)) is not None:
-            raise PrepareError(f"ResourceClaim {ref}: {RESULTS_PATH}[{index}].shareID: {problem}")
+            raise PrepareError(
+                f"ResourceClaim {ref}: {RESULTS_PATH}[{index}].shareID: {problem}", INVALID_CONFIG
+            )
         admin = result.get("adminAccess") is True
         try:
             settings = EXCLUSIVE if admin else settings_for(entries, request, name, bool(found[1]))
+        except OpaqueConfigError as err:
+            raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
+        try:
             edits = device_edits(*found, *self._devices.cdi)
-        except (OpaqueConfigError, CdiError) as err:
-            raise PrepareError(f"ResourceClaim {ref}: {err}") from err
-        self._check_time_slice(ref, name, settings, others)
+        except CdiError as err:
+            raise PrepareError(f"ResourceClaim {ref}: {err}", HOST_FILES) from err
         env = device_env(name, settings, admin, share)
         if env:
             edits["env"] = env
@@ -368,63 +510,59 @@ class Preparer:
             sharing=settings.sharing,
             interval=settings.interval,
         )
+        _check_neighbours(ref, device, settings, others)
         return device, cdi_name, edits
 
-    def _check_time_slice(
-        self,
-        ref: ClaimRef,
-        name: str,
-        settings: DeviceSettings,
-        others: Mapping[str, PreparedClaim],
-    ) -> None:
-        """A GPU has one time slice: a claim may not ask another one than a claim prepared on
-        the same GPU runs. Raises PrepareError naming both."""
-        if not settings.interval:
-            return
-        for uid, claim in others.items():
-            if uid == ref.uid:
-                continue
-            for device in claim.devices:
-                if device.device == name and device.interval not in ("", settings.interval):
-                    raise PrepareError(
-                        f"ResourceClaim {ref}: {settings.origin} asks time slice "
-                        f"{settings.interval} for {name}, which runs {device.interval} for "
-                        f"ResourceClaim {claim.namespace}/{claim.name}"
-                    )
-
-    def _write_spec(self, ref: ClaimRef, kind: str, edits: Mapping[str, JsonObject]) -> None:
+    def _spec(self, edits: Mapping[str, JsonObject]) -> JsonObject:
         spec: JsonObject = {
             "cdiVersion": "",
-            "kind": kind,
+            "kind": cdi_kind(self.driver),
             "devices": [{"name": name, "containerEdits": e} for name, e in edits.items()],
             "containerEdits": common_edits(*self._devices.cdi),
         }
         spec["cdiVersion"] = minimum_cdi_version(spec)
-        path = self.spec_path(ref.uid)
-        try:
-            SpecWriter(path).write(spec)
-        except OSError as err:
-            why = f"writing CDI spec {path}: {describe(err)}"
-            raise PrepareError(f"ResourceClaim {ref}: {why}") from err
+        return spec
 
-    def _commit(self, fresh: Mapping[str, PreparedClaim]) -> dict[str, Outcome]:
-        """Checkpoint newly prepared claims; if that fails, undo their specs and say why."""
-        self._claims.update(fresh)
+    async def _commit(
+        self, fresh: Mapping[str, tuple[PreparedClaim, JsonObject | None]]
+    ) -> dict[str, Outcome]:
+        """Prepare the planned claims: checkpointed as started, their specs written, then
+        checkpointed as complete. A claim whose spec cannot be written fails alone; a checkpoint
+        that cannot be saved fails them all, specs removed (entries left `PrepareStarted` are
+        rolled back at the next start, or prepared again on the kubelet's retry)."""
+        started = {**self._claims, **{uid: claim for uid, (claim, _) in fresh.items()}}
         try:
-            self._checkpoint.save(self._claims)
+            await asyncio.to_thread(self._checkpoint.save, started)
         except OSError as err:
-            why = f"saving checkpoint {self._checkpoint.path}: {describe(err)}"
-            log_event(logger, "dra.checkpoint.failed", logging.ERROR, error=why)
+            return self._all_failed(fresh, self._save_failed(err), CHECKPOINT)
+        self._claims = started
+        outcomes: dict[str, Outcome] = {}
+        for uid, (claim, spec) in fresh.items():
+            if spec is None:
+                continue
+            path = self.spec_path(uid)
+            try:
+                await asyncio.to_thread(SpecWriter(path).write, spec)
+            except OSError as err:
+                why = f"ResourceClaim {claim.namespace}/{claim.name}: writing CDI spec {path}: "
+                outcomes[uid] = Outcome(error=why + describe(err), reason=CDI_SPEC)
+                _log_failed(claim, uid, outcomes[uid].error)
+        self._failpoints.reach(PREPARE_AFTER_CDI_SPEC)
+        done = {
+            uid: replace(claim, state=COMPLETED)
+            for uid, (claim, _) in fresh.items()
+            if uid not in outcomes
+        }
+        after = {u: c for u, c in self._claims.items() if u not in outcomes} | done
+        try:
+            await asyncio.to_thread(self._checkpoint.save, after)
+        except OSError as err:
             for uid in fresh:
-                del self._claims[uid]
-                try:
-                    SpecWriter(self.spec_path(uid)).remove()
-                except OSError:
-                    log_event(
-                        logger, "dra.spec.orphaned", logging.WARNING, path=str(self.spec_path(uid))
-                    )
-            return {uid: Outcome(error=why) for uid in fresh}
-        for uid, claim in fresh.items():
+                await self._remove_orphan(uid)
+            return self._all_failed(fresh, self._save_failed(err), CHECKPOINT)
+        self._claims = after
+        self._failpoints.reach(PREPARE_AFTER_CHECKPOINT)
+        for uid, claim in done.items():
             log_event(
                 logger,
                 "dra.claim.prepared",
@@ -432,4 +570,70 @@ class Preparer:
                 uid=uid,
                 devices=[d.device for d in claim.devices],
             )
-        return {uid: Outcome(claim.devices) for uid, claim in fresh.items()}
+            outcomes[uid] = Outcome(claim.devices)
+        return outcomes
+
+    def _all_failed(self, fresh: Mapping[str, object], why: str, reason: str) -> dict[str, Outcome]:
+        log_event(logger, "dra.checkpoint.failed", logging.ERROR, error=why)
+        return {uid: Outcome(error=why, reason=reason) for uid in fresh}
+
+    async def _remove_orphan(self, uid: str) -> None:
+        try:
+            await asyncio.to_thread(SpecWriter(self.spec_path(uid)).remove)
+        except OSError:
+            log_event(logger, "dra.spec.orphaned", logging.WARNING, path=str(self.spec_path(uid)))
+
+
+@contextlib.asynccontextmanager
+async def _both(lock: asyncio.Lock, node_lock: NodeLock) -> AsyncIterator[None]:
+    async with lock, node_lock.held():
+        yield
+
+
+def _log_failed(claim: ClaimRef | PreparedClaim, uid: str, error: str) -> None:
+    log_event(
+        logger,
+        "dra.claim.failed",
+        logging.WARNING,
+        claim=f"{claim.namespace}/{claim.name}",
+        uid=uid,
+        error=error,
+    )
+
+
+def _may_share(held: PreparedDevice, device: PreparedDevice) -> bool:
+    """Two claims may hold one device when either has admin access, or each has its own share."""
+    if held.admin_access or device.admin_access:
+        return True
+    return bool(held.share_id and device.share_id and held.share_id != device.share_id)
+
+
+def _check_neighbours(
+    ref: ClaimRef,
+    device: PreparedDevice,
+    settings: DeviceSettings,
+    others: Mapping[str, PreparedClaim],
+) -> None:
+    """`device` against the claims already prepared: it is prepared for another claim only
+    when both may share it, and a GPU has one time slice, so a claim may not ask another one
+    than a claim prepared on the same GPU runs. Raises PrepareError naming both claims."""
+    for uid, claim in others.items():
+        if uid == ref.uid:
+            continue
+        holder = f"ResourceClaim {claim.namespace}/{claim.name}"
+        for held in claim.devices:
+            if held.device != device.device:
+                continue
+            if not _may_share(held, device):
+                raise PrepareError(
+                    f"ResourceClaim {ref}: {device.device} is already prepared for {holder}; "
+                    "claims share a device only with admin access or each with its own share ID",
+                    OVERLAP,
+                )
+            if device.interval and held.interval not in ("", device.interval):
+                raise PrepareError(
+                    f"ResourceClaim {ref}: {settings.origin} asks time slice "
+                    f"{device.interval} for {device.device}, which runs {held.interval} for "
+                    f"{holder}",
+                    TIME_SLICE,
+                )

@@ -34,15 +34,18 @@ import contextlib
 import logging
 import signal
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
 from deviceplugin.configfile import ConfigFile
-from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint
+from deviceplugin.dra.checkpoint import BOOT_ID_FILE, FILE_NAME, Checkpoint, read_boot_id
 from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
 from deviceplugin.dra.devicehealth import HealthReporter, device_states
+from deviceplugin.dra.failpoints import Failpoints
 from deviceplugin.dra.kubeapi import KubeApi, connect
 from deviceplugin.dra.plugin import DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
@@ -79,6 +82,7 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 1.0
 SOCKET_CHECK_SECONDS = 5.0
 REDISCOVER_SECONDS = 60.0
+BOOT_ID_ENV = "DP_BOOT_ID_FILE"  # where this boot's ID is read; tests point it at a file
 
 
 class DraDriver:
@@ -96,7 +100,6 @@ class DraDriver:
             registration_socket(settings.kubelet_root, settings.driver_name),
             on_status=self._registration_status,
         )
-        self.checkpoint = Checkpoint(directory / FILE_NAME)
         self.health = HealthReporter(self.node)
         self.dra: DraServer | None = None
         self.publisher: SlicePublisher | None = None
@@ -115,17 +118,34 @@ class DraDriver:
         self._idle = False  # no NVML, failOnInitError false
         self._device_plugins_dir = settings.kubelet_root / "device-plugins"
         self._device_plugins: tuple[str, ...] = ()  # live NVIDIA device-plugin sockets
+        # with --config-dir: what the node's config selection reports in /status
+        self.selection_view: Callable[[], Mapping[str, Any]] | None = None
+
+    @property
+    def inventory(self) -> Inventory | None:
+        return self._inventory
+
+    @property
+    def config(self) -> Config:
+        return self._config or Config()
+
+    def use_config_file(self, path: str) -> None:
+        """Read the config from `path` from now on (the node's named config)."""
+        self._config_file.path = path
 
     async def start(self) -> None:
         """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
         settings = self.settings
         policy = HealthPolicy.from_env(settings.env)
+        failpoints = Failpoints.from_env(settings.env)
         recovery_after = parse_duration(settings.health_recovery_after)
         self._plugin_watcher = self.registration.socket.parent.is_dir()
         parsed = await self._read_config()
         config = self._config = parsed.config
         try:
-            self._nvml = open_nvml(settings.simulate, settings.simulate_events)
+            self._nvml = open_nvml(
+                settings.simulate, settings.simulate_events, config.flags.nvidia_driver_root
+            )
             self._nvml.init()
         except NvmlError as exc:
             self._nvml = None
@@ -157,10 +177,20 @@ class DraDriver:
         # An API error is retried.
         await self.publisher.publish(self._publishable(inventory), self._unhealthy)
         devices = await self._node_devices()
-        self.preparer = Preparer(
-            api, self.checkpoint, settings.cdi_spec_dir, settings.driver_name, self.node, devices
+        boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
+        checkpoint = Checkpoint(
+            self.dra_socket.parent / FILE_NAME, await asyncio.to_thread(read_boot_id, boot_file)
         )
-        self.preparer.load()
+        self.preparer = Preparer(
+            api,
+            checkpoint,
+            settings.cdi_spec_dir,
+            settings.driver_name,
+            self.node,
+            devices,
+            failpoints,
+        )
+        await self.preparer.load()
         await self._report_health()
         self.dra = DraServer(self.preparer, self.dra_socket, self.health, observer=self.metrics)
         await self.dra.start()
@@ -309,10 +339,11 @@ class DraDriver:
             api_error=self._api.unreachable if self._api is not None else None,
             prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
             unhealthy=dict(self._unhealthy),
-            config_source=self.settings.config_file,
+            config_source=self._config_file.path,
             last_config_error=self._config_file.last_error,
             last_config_error_field=self._config_file.last_error_field,
             device_plugin_conflict=self._conflict(),
+            config_selection=self.selection_view() if self.selection_view else None,
         )
 
     # --- internals ------------------------------------------------------------------------------
@@ -376,8 +407,7 @@ class DraDriver:
     def _parse(self, text: str | None, overrides: Overrides) -> ParsedConfig:
         """The config file's `text` (None: no file, the defaults) with `overrides` (flags) and
         the environment applied."""
-        settings = self.settings
-        return load_config_text(text, settings.config_file, overrides, settings.env)
+        return load_config_text(text, self._config_file.path, overrides, self.settings.env)
 
     def _start_monitor(self, policy: HealthPolicy, recovery_after: float | None) -> None:
         if self._nvml is None or self._inventory is None:
@@ -413,12 +443,26 @@ async def run_driver(
             await http.start()
             running.push_async_callback(http.stop)
         running.push_async_callback(driver.stop)
+        node = None
+        if settings.config_dir:  # the node's label chooses the config, as for `serve`
+            from deviceplugin.nodeagent import NodeAgent
+
+            node = NodeAgent(settings, driver)
+            running.push_async_callback(node.stop)
+            await node.start()
         await driver.start()
-        if settings.config_file:
+        if node is not None:
+            node.serving()
+        if settings.config_file or node is not None:
             watchers = Watchers()
-            watchers.watch_config(
-                loop, Path(settings.config_file), lambda: driver.reload("config file changed")
-            )
+            if node is not None:
+                watchers.watch_config(loop, node.config_path, node.config_changed)
+            else:
+                watchers.watch_config(
+                    loop,
+                    Path(settings.config_file or ""),
+                    lambda: driver.reload("config file changed"),
+                )
             watchers.start()
             running.push_async_callback(asyncio.to_thread, watchers.stop)
         checks = loop.create_task(

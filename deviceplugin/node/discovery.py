@@ -49,7 +49,7 @@ _SUFFIXES = {
 
 def discover(nvml: Nvml, host_root: str = "/") -> Inventory:
     """Describe the node. `host_root` is where the host's /sys is mounted (for NUMA nodes)."""
-    read_numa = nvml.numa_reader or sysfs_numa_reader(host_root)
+    read_numa = sysfs_numa_reader(host_root)
     found: list[tuple[Gpu, list[NvLink]]] = []
     for index in range(nvml.gpu_count()):
         try:
@@ -75,7 +75,7 @@ def _gpu(nvml: Nvml, index: int, read_numa: NumaReader) -> tuple[Gpu, list[NvLin
         memory_mib=info.memory_total_bytes // _MIB,
         minor=info.minor,
         pci_bus_id=info.pci_bus_id,
-        numa_node=read_numa(info.pci_bus_id),
+        numa_node=nvml.numa_node(index, info.pci_bus_id, read_numa),
         compute_capability="{}.{}".format(*info.compute_capability),
         mig_capable=info.mig_capable,
         mig_enabled=info.mig_enabled,

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, GpuLostError, NvmlError
 from deviceplugin.model.log import log_event
-from deviceplugin.model.xidpolicy import HealthPolicy
+from deviceplugin.model.xidpolicy import Decision, HealthPolicy
 from deviceplugin.node.nvml import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_SINGLE_BIT_ECC,
@@ -61,6 +61,52 @@ class HealthChange:
     healthy: bool
     reason: str
     xid: int | None = None
+
+
+def xid_health(
+    inventory: Inventory,
+    decision: Decision,
+    gpu_uuid: str,
+    gi: int | None,
+    ci: int | None,
+    gpu_lost: bool,
+) -> tuple[list[str], str]:
+    """The one rule from an Xid on `gpu_uuid` (and the GPU/compute instance NVML names) to
+    health, for the monitor and `dra explain`: the UUIDs it takes away and why. Nothing when the
+    policy's `decision` ignores it; the GPU, `gpu-lost`, when it fell off the bus (which says
+    more than the Xid); else the MIG devices of the instance, or the GPU, with the Xid's reason."""
+    if not decision.fatal:
+        return [], ""
+    if gpu_lost:
+        return [gpu_uuid], GPU_LOST
+    return _route(inventory, gpu_uuid, gi, ci), decision.reason
+
+
+def _route(inventory: Inventory, gpu_uuid: str, gi: int | None, ci: int | None) -> list[str]:
+    """The UUIDs an Xid concerns: the MIG devices of its GPU/compute instance, else the GPU."""
+    gpu = inventory.gpu(gpu_uuid)
+    if gpu is None:
+        log_event(logger, "health.route.unknown-gpu", logging.WARNING, uuid=gpu_uuid)
+        return [gpu_uuid]
+    if gi is None:
+        return [gpu.uuid]
+    migs = [
+        mig.uuid
+        for mig in gpu.mig_devices
+        if mig.gpu_instance_id == gi and (ci is None or mig.compute_instance_id == ci)
+    ]
+    if not migs:
+        log_event(
+            logger,
+            "health.route.fallback",
+            logging.WARNING,
+            uuid=gpu.uuid,
+            gi=gi,
+            ci=ci,
+            why="no MIG device with this GPU/compute instance; marking the GPU",
+        )
+        return [gpu.uuid]
+    return migs
 
 
 def record_change(unhealthy: dict[str, str], change: HealthChange) -> bool:
@@ -376,13 +422,14 @@ class HealthMonitor:
             )
             self._count(str(event.xid), "ignored")
             return
-        if self._nvml.probe(event.gpu_uuid).lost:
-            # Xid 79 and friends: the GPU fell off the bus, which says more than the Xid.
+        lost = self._nvml.probe(event.gpu_uuid).lost
+        gi, ci = event.gpu_instance_id, event.compute_instance_id
+        targets, reason = xid_health(self._inventory, decision, event.gpu_uuid, gi, ci, lost)
+        if reason == GPU_LOST:
             log_event(logger, "health.event", **fields, decision="unhealthy", action="GPU_LOST")
             self._gpu_lost(event.gpu_uuid, time.monotonic())
             self._count(str(event.xid), "unhealthy")
             return
-        targets = self._route(event)
         log_event(
             logger,
             "health.event",
@@ -393,35 +440,8 @@ class HealthMonitor:
         )
         now = time.monotonic()
         for uuid in targets:
-            self._mark(uuid, event.gpu_uuid, decision.reason, event.xid, now)
+            self._mark(uuid, event.gpu_uuid, reason, event.xid, now)
         self._count(str(event.xid), "unhealthy")
-
-    def _route(self, event: NvmlEvent) -> list[str]:
-        """The UUIDs an Xid concerns: the MIG devices of its GPU/compute instance, else the GPU."""
-        gpu = self._inventory.gpu(event.gpu_uuid)
-        if gpu is None:
-            log_event(logger, "health.route.unknown-gpu", logging.WARNING, uuid=event.gpu_uuid)
-            return [event.gpu_uuid]
-        gi, ci = event.gpu_instance_id, event.compute_instance_id
-        if gi is None:
-            return [gpu.uuid]
-        migs = [
-            mig.uuid
-            for mig in gpu.mig_devices
-            if mig.gpu_instance_id == gi and (ci is None or mig.compute_instance_id == ci)
-        ]
-        if not migs:
-            log_event(
-                logger,
-                "health.route.fallback",
-                logging.WARNING,
-                uuid=gpu.uuid,
-                gi=gi,
-                ci=ci,
-                why="no MIG device with this GPU/compute instance; marking the GPU",
-            )
-            return [gpu.uuid]
-        return migs
 
     def _count(self, xid: str, action: str) -> None:
         if self._observer is not None:

@@ -5,6 +5,8 @@ into `deviceplugin.model.errors` in one place, and the event-set wait used by th
 simulator (`deviceplugin.sim.fake_nvml.FakeNvml`), which has the same functions and the same
 NVMLError return codes.
 Errors are told apart by code (`err.value`), never by class, so both behave the same.
+With a driver root other than `/`, the real module is bound to the `libnvidia-ml.so.1` found
+under that root, as the reference plugin resolves it (`driver_library`).
 Reads return plain values (`GpuInfo`, `MigInfo`, `NvLink`); turning them into the device
 model — profile names, NUMA, links — is discovery's job.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,6 +39,7 @@ ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
 ERROR_TIMEOUT = 10
+ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
 _SUCCESS = 0
@@ -177,12 +181,19 @@ def _instance_id(value: int) -> int | None:
 class Nvml:
     """NVML bound to a pynvml-compatible module (the real one or the simulator).
 
-    `numa_reader`, when given, maps a GPU's PCI bus id to its NUMA node instead of sysfs (the
-    simulator supplies its node file's `numaNode`)."""
+    `numa_reader`, when given, maps a GPU's PCI bus id to its NUMA node instead of NVML and
+    sysfs (the simulator supplies its node file's `numaNode`). `library`, for the real module:
+    the libnvidia-ml file `init()` binds pynvml to (None: the loader's search by soname)."""
 
-    def __init__(self, module: NvmlModule, numa_reader: NumaReader | None = None) -> None:
+    def __init__(
+        self,
+        module: NvmlModule,
+        numa_reader: NumaReader | None = None,
+        library: str | None = None,
+    ) -> None:
         self._nvml = module
         self.numa_reader = numa_reader
+        self.library = library
 
     @property
     def module(self) -> NvmlModule:
@@ -197,6 +208,8 @@ class Nvml:
             raise _error(err, context) from err
 
     def init(self) -> None:
+        if getattr(self._nvml, "__name__", None) == "pynvml":  # the real module, not the fake
+            _bind_library(self._nvml, self.library)
         with self.errors("initialising NVML"):
             self._nvml.nvmlInit()
 
@@ -245,6 +258,19 @@ class Nvml:
             mig_capable=capable,
             mig_enabled=enabled,
         )
+
+    def numa_node(self, index: int, pci_bus_id: str, sysfs: NumaReader) -> int | None:
+        """The GPU's NUMA node: the simulator's node file, else NVML, else (NVML cannot say:
+        a driver without the call, or NOT_SUPPORTED) `sysfs`. Raises GpuLostError."""
+        if self.numa_reader is not None:
+            return self.numa_reader(pci_bus_id)
+        handle = self._handle(index)
+        try:
+            return int(self._nvml.nvmlDeviceGetNumaNodeId(handle))
+        except self._nvml.NVMLError as err:
+            if getattr(err, "value", None) == ERROR_GPU_IS_LOST:
+                raise _error(err, f"GPU {index}: reading its NUMA node") from err
+        return sysfs(pci_bus_id)
 
     def _mig_mode(self, handle: Any, where: str) -> tuple[bool, bool]:
         """(capable, enabled): a GPU or driver without MIG answers NOT_SUPPORTED / no function."""
@@ -472,8 +498,51 @@ def _profile_info(nvml: NvmlModule, call: partial[ProfileInfo]) -> ProfileInfo |
         raise
 
 
-def real_nvml() -> Nvml:
-    """The host's libnvidia-ml, not initialised yet: call `init()`."""
+# Where the reference plugin (v0.19.0, cmd/nvidia-device-plugin/root.go) looks under a driver
+# root for the library, in order.
+LIBRARY_SEARCH_DIRS = (
+    "/usr/lib64",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+)
+LIBRARY_SONAME = "libnvidia-ml.so.1"
+
+
+def driver_library(driver_root: str) -> str | None:
+    """`libnvidia-ml.so.1` under `driver_root`, symlinks resolved, from the first search dir
+    that has it; None for the root `/` or when none has it (the loader's own search then)."""
+    if driver_root in ("", "/"):
+        return None
+    for directory in LIBRARY_SEARCH_DIRS:
+        candidate = os.path.join(driver_root, directory.lstrip("/"), LIBRARY_SONAME)
+        if os.path.exists(candidate):
+            return os.path.realpath(candidate)
+    return None
+
+
+def _bind_library(pynvml: Any, path: str | None) -> None:
+    """Point pynvml at the library file `path` (pynvml itself loads only by soname), or with
+    None back at its own load by soname."""
+    with pynvml.libLoadLock:
+        current = getattr(pynvml.nvmlLib, "_name", None)
+        if current == (path or LIBRARY_SONAME) or (path is None and current is None):
+            return
+        library = None
+        if path is not None:
+            try:
+                library = ctypes.CDLL(path)
+            except OSError as err:
+                raise NvmlError(f"loading {path}: {err}", ERROR_LIBRARY_NOT_FOUND) from err
+        pynvml.nvmlLib = library
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+
+
+def real_nvml(driver_root: str = "/") -> Nvml:
+    """The host's libnvidia-ml (the one under `driver_root` when there is one there), not
+    initialised yet: call `init()`."""
     import pynvml  # here, so a simulated node never loads it
 
-    return Nvml(pynvml)
+    return Nvml(pynvml, library=driver_library(driver_root))

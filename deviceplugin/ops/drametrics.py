@@ -1,8 +1,9 @@
 """The DRA driver's Prometheus metrics: `deviceplugin_dra_*`, beside the shared ones.
 
 The slice publisher reports each attempt to write the pool (`publish_done`) and the root each
-kubelet call (`claims_done`); the gauges are set from the driver's status when /metrics is
-scraped (`set_status`), so they never lag behind it. Names and labels are documented in
+kubelet call (`claims_done`) and, for each claim Prepare could not prepare, why
+(`prepare_failed`); the gauges are set from the driver's status when /metrics is scraped
+(`set_status`), so they never lag behind it. Names and labels are documented in
 docs/observability.md.
 """
 
@@ -64,6 +65,12 @@ class DraMetrics(SharedMetrics):
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
+        self.prepare_failures = Counter(
+            "deviceplugin_dra_prepare_failures",
+            "Claims NodePrepareResources could not prepare, by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.prepared_claims = Gauge(
             "deviceplugin_dra_prepared_claims",
             "Claims prepared on this node (in the checkpoint).",
@@ -79,6 +86,10 @@ class DraMetrics(SharedMetrics):
         self.rpc_seconds.labels(method).observe(seconds)
         self.claims.labels(method, "ok").inc(ok)
         self.claims.labels(method, "error").inc(failed)
+
+    def prepare_failed(self, reason: str) -> None:
+        """One claim Prepare could not prepare, and why (`prepare.py`'s reasons)."""
+        self.prepare_failures.labels(reason).inc()
 
     def set_status(self, status: DraStatus) -> None:
         """The gauges, from the driver's state now."""

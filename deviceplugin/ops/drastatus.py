@@ -35,6 +35,7 @@ class DraStatus:
     last_config_error: str | None  # why the file's latest content was refused; None if it wasn't
     last_config_error_field: str | None  # the field last_config_error names, "" for none
     device_plugin_conflict: str | None = None  # why nothing is published: a device plugin serves
+    config_selection: Mapping[str, Any] | None = None  # with --config-dir: the node's config
 
     @property
     def not_ready(self) -> list[str]:
@@ -79,5 +80,6 @@ class DraStatus:
                 "source": self.config_source or "defaults",
                 "last_error": self.last_config_error,
                 "last_error_field": self.last_config_error_field,
+                "selection": self.config_selection,
             },
         }

@@ -54,6 +54,14 @@ class SharedMetrics:
             registry=r,
         )
         self.config_last_reload_successful.set(1)
+        self.node_config_label_valid = Gauge(
+            "deviceplugin_node_config_label_valid",
+            "1 when the node's nvidia.com/device-plugin.config label names a config that exists"
+            " (or the node has none); 0 while it names one that does not and the last good"
+            " config keeps serving.",
+            registry=r,
+        )
+        self.node_config_label_valid.set(1)
         self.build = Info(
             "deviceplugin_build", "Plugin version and NVML driver version.", registry=r
         )

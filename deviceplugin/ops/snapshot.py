@@ -41,6 +41,7 @@ def build_snapshot(
             "source": config_source or "defaults",
             "last_error": status.last_config_error if status is not None else None,
             "last_error_field": status.last_config_error_field if status is not None else None,
+            "selection": status.config_selection if status is not None else None,
             "active": config.dump(),
         },
         "resources": [

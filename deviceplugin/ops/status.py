@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from deviceplugin.model.resources import ResourceSet
 
@@ -22,6 +23,8 @@ class Status:
     started: bool
     cdi_spec_error: str | None = None  # why the CDI spec could not be written; None when it was
     last_config_error_field: str | None = None  # the field last_config_error names, "" for none
+    # with --config-dir: the named config chosen for this node, why, and what is wrong if anything
+    config_selection: Mapping[str, Any] | None = None
 
     @property
     def not_ready(self) -> list[str]:

@@ -12,12 +12,20 @@ the demo can seed claims). Like a real API server it
 - assigns `uid`, `resourceVersion` and `creationTimestamp`, answers `409 AlreadyExists` for a
   second create and `409 Conflict` for a replace whose `resourceVersion` is stale.
 
+It serves `serve`'s own-Node calls too: Nodes (list with the `metadata.name` field selector,
+watch, get, JSON merge patch of labels, checked as label keys and values are checked), Events
+(create, validated as v1 Events) and, with `nfd=True`, NFD's `NodeFeature` objects and the API
+group discovery that tells whether NFD is installed. `add_node` and `set_node_labels` stand in for
+the kubelet registering a node and for `kubectl label`; watches see their changes at once, and
+`end_watches` cuts every watch as a lost connection would.
+
 `fail_next(status, count)` makes the next requests fail, and `requests` records every call, so
 tests can check retries and that an unchanged publish writes nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -55,10 +63,21 @@ _SLICE_FIELDS: dict[str, Callable[[JsonObject], object]] = {
 }
 
 
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NFD = "/apis/nfd.k8s-sigs.io/v1alpha1"
+
+
 class ApiServer:
     """Start with `await start()`; `url` is then `http://127.0.0.1:<port>`."""
 
-    def __init__(self) -> None:
+    def __init__(self, nfd: bool = False) -> None:
+        self.nodes: dict[str, JsonObject] = {}
+        self.events: list[JsonObject] = []
+        self.node_features: dict[tuple[str, str], JsonObject] = {}
+        self._nfd = nfd
+        self._watches: list[asyncio.Queue[JsonObject | None]] = []
         self.slices: dict[str, JsonObject] = {}
         self.claims: dict[tuple[str, str], JsonObject] = {}
         self.requests: list[tuple[str, str]] = []
@@ -79,6 +98,16 @@ class ApiServer:
         app.router.add_delete(base + "/{name}", self._delete_slice)
         app.router.add_post(claim, self._create_claim)
         app.router.add_get(claim + "/{name}", self._get_claim)
+        app.router.add_get("/api/v1/nodes", self._list_nodes)
+        app.router.add_get("/api/v1/nodes/{name}", self._get_node)
+        app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
+        app.router.add_post("/api/v1/namespaces/{namespace}/events", self._create_event)
+        if self._nfd:
+            features = NFD + "/namespaces/{namespace}/nodefeatures"
+            app.router.add_get(NFD, self._nfd_group)
+            app.router.add_post(features, self._create_node_feature)
+            app.router.add_get(features + "/{name}", self._get_node_feature)
+            app.router.add_put(features + "/{name}", self._replace_node_feature)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -87,6 +116,7 @@ class ApiServer:
         self.url = f"http://{host}:{port}"
 
     async def stop(self) -> None:
+        self.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -104,6 +134,42 @@ class ApiServer:
         meta = stored["metadata"]
         self.claims[(meta.get("namespace", "default"), meta["name"])] = stored
         return stored
+
+    def add_node(self, name: str, labels: dict[str, str] | None = None) -> JsonObject:
+        """Register a Node (as a kubelet does); watchers see it ADDED."""
+        node: JsonObject = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": dict(labels or {})},
+        }
+        self.nodes[name] = self._stamp(node)
+        self._notify("ADDED", self.nodes[name])
+        return self.nodes[name]
+
+    def set_node_labels(self, name: str, changes: dict[str, str | None]) -> None:
+        """Set (None: remove) labels of a Node by their real keys; watchers see it MODIFIED."""
+        self._set_labels(name, changes)
+
+    def end_watches(self) -> None:
+        """End every open watch, as a lost connection would."""
+        for queue in self._watches:
+            queue.put_nowait(None)
+        self._watches.clear()
+
+    def _set_labels(self, name: str, changes: dict[str, str | None]) -> None:
+        node = json.loads(json.dumps(self.nodes[name]))
+        labels = node["metadata"].setdefault("labels", {})
+        for key, value in changes.items():
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+        self.nodes[name] = self._stamp(node, self.nodes[name]["metadata"])
+        self._notify("MODIFIED", self.nodes[name])
+
+    def _notify(self, kind: str, node: JsonObject) -> None:
+        for queue in self._watches:
+            queue.put_nowait({"type": kind, "object": node})
 
     # --- request handling -----------------------------------------------------------------------
 
@@ -207,6 +273,148 @@ class ApiServer:
             return _not_found("resourceclaims.resource.k8s.io", key[1])
         return _json(found)
 
+    async def _list_nodes(self, request: web.Request) -> web.StreamResponse:
+        wanted = _selector(request.query.get("fieldSelector", ""))
+        for key in wanted:
+            if key != "metadata.name":
+                return _status(400, "BadRequest", f'field label not supported: "{key}"')
+        if request.query.get("watch") in ("1", "true"):
+            return await self._watch_nodes(request, wanted.get("metadata.name"))
+        items = [n for name, n in self.nodes.items() if wanted.get("metadata.name", name) == name]
+        version = str(next(self._versions))
+        return _json(
+            {
+                "apiVersion": "v1",
+                "kind": "NodeList",
+                "metadata": {"resourceVersion": version},
+                "items": items,
+            }
+        )
+
+    async def _watch_nodes(self, request: web.Request, name: str | None) -> web.StreamResponse:
+        """Stream the Node's changes after the given resourceVersion, until `timeoutSeconds`
+        or `end_watches`."""
+        queue: asyncio.Queue[JsonObject | None] = asyncio.Queue()
+        since = int(request.query.get("resourceVersion") or 0)
+        for node in self.nodes.values():
+            if int(node["metadata"]["resourceVersion"]) > since:
+                queue.put_nowait({"type": "MODIFIED", "object": node})
+        self._watches.append(queue)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        timeout = float(request.query.get("timeoutSeconds") or 1800)
+        try:
+            async with asyncio.timeout(timeout):
+                while (event := await queue.get()) is not None:
+                    if name is None or event["object"]["metadata"]["name"] == name:
+                        await response.write(json.dumps(event).encode() + b"\n")
+        except TimeoutError:
+            pass
+        finally:
+            if queue in self._watches:
+                self._watches.remove(queue)
+        await response.write_eof()
+        return response
+
+    async def _get_node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        found = self.nodes.get(name)
+        return _json(found) if found is not None else _not_found("nodes", name)
+
+    async def _patch_node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in self.nodes:
+            return _not_found("nodes", name)
+        if request.content_type != "application/merge-patch+json":
+            return _status(415, "UnsupportedMediaType", f"{request.content_type} not handled here")
+        try:
+            patch = json.loads(await request.read())
+        except ValueError as err:
+            return _status(400, "BadRequest", f"body is not JSON: {err}")
+        if set(patch) - {"metadata"} or set(patch.get("metadata") or {}) - {"labels"}:
+            return _status(400, "BadRequest", "this stand-in patches metadata.labels only")
+        changes = patch["metadata"]["labels"]
+        for key, value in changes.items():
+            problem = _label_problem(key, value)
+            if problem:
+                return self._invalid(f"metadata.labels: {problem}")
+        self._set_labels(name, changes)
+        return _json(self.nodes[name])
+
+    async def _create_event(self, request: web.Request) -> web.Response:
+        body, problem = await self._receive_core(request, "Event")
+        if problem:
+            return self._invalid(problem)
+        meta = body["metadata"]
+        if (
+            meta.get("namespace", request.match_info["namespace"])
+            != request.match_info["namespace"]
+        ):
+            return _status(400, "BadRequest", "the namespace of the object does not match")
+        meta["namespace"] = request.match_info["namespace"]
+        if not meta.get("name"):
+            meta["name"] = meta.get("generateName", "") + uuid.uuid4().hex[:5]
+        stored = self._stamp(body)
+        self.events.append(stored)
+        return _json(stored, 201)
+
+    async def _nfd_group(self, request: web.Request) -> web.Response:
+        return _json(
+            {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": "nfd.k8s-sigs.io/v1alpha1",
+                "resources": [{"name": "nodefeatures", "namespaced": True, "kind": "NodeFeature"}],
+            }
+        )
+
+    async def _get_node_feature(self, request: web.Request) -> web.Response:
+        key = (request.match_info["namespace"], request.match_info["name"])
+        found = self.node_features.get(key)
+        return _json(found) if found is not None else _not_found("nodefeatures", key[1])
+
+    async def _create_node_feature(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        key = (request.match_info["namespace"], body["metadata"]["name"])
+        if key in self.node_features:
+            return _status(409, "AlreadyExists", f'nodefeatures "{key[1]}" already exists')
+        problem = _node_feature_problem(body)
+        if problem:
+            return self._invalid(problem)
+        self.node_features[key] = self._stamp(body)
+        return _json(self.node_features[key], 201)
+
+    async def _replace_node_feature(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        key = (request.match_info["namespace"], request.match_info["name"])
+        current = self.node_features.get(key)
+        if current is None:
+            return _not_found("nodefeatures", key[1])
+        if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            return _status(
+                409, "Conflict", f'nodefeatures "{key[1]}": the object has been modified'
+            )
+        problem = _node_feature_problem(body)
+        if problem:
+            return self._invalid(problem)
+        self.node_features[key] = self._stamp(body, current["metadata"])
+        return _json(self.node_features[key])
+
+    async def _receive_core(self, request: web.Request, kind: str) -> tuple[JsonObject, str]:
+        """A core/v1 object, validated against its OpenAPI schema."""
+        try:
+            body = json.loads(await request.read())
+        except ValueError as err:
+            return {}, f"body is not JSON: {err}"
+        if not isinstance(body, dict) or body.get("apiVersion") != "v1" or body.get("kind") != kind:
+            return {}, f"expected apiVersion v1, kind {kind}"
+        try:
+            kubernetes_validate.validate(body, SCHEMA_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            return body, f"{'.'.join(str(p) for p in err.path)}: {err.message}"
+        return body, ""
+
     async def _receive(self, request: web.Request, kind: str) -> tuple[JsonObject, str]:
         try:
             body = json.loads(await request.read())
@@ -301,6 +509,31 @@ def _device_problem(device: JsonObject, names: set[str]) -> str:
             return f".attributes[{key}].version: Invalid value: must be semantic version 2.0.0"
     if len(device.get("taints") or []) > MAX_TAINTS:
         return f".taints: Too many: must have at most {MAX_TAINTS} items"
+    return ""
+
+
+def _label_problem(key: str, value: object) -> str:
+    """Why `key: value` is not a valid label (None removes it), or ""."""
+    prefix, slash, name = key.rpartition("/")
+    if (slash and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix))) or not (
+        _LABEL_NAME.fullmatch(name)
+    ):
+        return f"Invalid value: {key!r}: not a qualified name"
+    if value is not None and (not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value)):
+        return f"Invalid value: {value!r}: at most 63 characters, alphanumeric at both ends"
+    return ""
+
+
+def _node_feature_problem(body: JsonObject) -> str:
+    meta = body.get("metadata") or {}
+    if body.get("kind") != "NodeFeature" or not meta.get("name"):
+        return "expected a named NodeFeature"
+    if not (meta.get("labels") or {}).get("nfd.node.kubernetes.io/node-name"):
+        return "metadata.labels: nfd.node.kubernetes.io/node-name is required"
+    for key, value in ((body.get("spec") or {}).get("labels") or {}).items():
+        problem = _label_problem(key, value)
+        if problem:
+            return f"spec.labels: {problem}"
     return ""
 
 

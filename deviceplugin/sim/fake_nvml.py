@@ -21,7 +21,13 @@ from typing import Any
 
 from deviceplugin.sim import structs as s
 from deviceplugin.sim.node import SimGpu, SimMig
-from deviceplugin.sim.profiles import CI_ENUM, GiProfile, model_profiles
+from deviceplugin.sim.profiles import (
+    CI_ENUM,
+    GiProfile,
+    gpu_slices,
+    model_profiles,
+    placements,
+)
 from deviceplugin.sim.world import SimEventSet, World
 
 _MIB = 1 << 20
@@ -186,6 +192,13 @@ class FakeNvml:
         with self._lock:
             return self._gpu(handle, "nvmlDeviceGetCudaComputeCapability").compute_capability
 
+    def nvmlDeviceGetNumaNodeId(self, handle: Any) -> int:
+        with self._lock:
+            numa = self._gpu(handle, "nvmlDeviceGetNumaNodeId").numa_node
+            if numa is None:
+                raise s.NVMLError_NotSupported()
+            return numa
+
     # --- MIG ----------------------------------------------------------------------------------
 
     def _mig_gpu(self, handle: Any, call: str, enabled: bool = True) -> SimGpu:
@@ -252,12 +265,6 @@ class FakeNvml:
                 memorySizeMB=gi.memory_mib,
             )
 
-    def _gi_profiles(self, gpu: SimGpu) -> dict[int, GiProfile]:
-        profiles = model_profiles(gpu.name)
-        for mig in gpu.mig_devices:
-            profiles.setdefault(mig.shape.gpu_instance.enum, mig.shape.gpu_instance)
-        return profiles
-
     def nvmlDeviceGetGpuInstanceProfileInfo(
         self, handle: Any, profile: int, version: int = 2
     ) -> s.GpuInstanceProfileInfo:
@@ -265,13 +272,14 @@ class FakeNvml:
             gpu = self._mig_gpu(handle, "nvmlDeviceGetGpuInstanceProfileInfo", enabled=False)
             if not 0 <= profile < s.NVML_GPU_INSTANCE_PROFILE_COUNT:
                 raise s.NVMLError_InvalidArgument()
-            gi = self._gi_profiles(gpu).get(profile)
+            profiles = gpu_instance_profiles(gpu)
+            gi = profiles.get(profile)
             if gi is None:
                 raise s.NVMLError_NotSupported()
             return s.GpuInstanceProfileInfo(
                 id=gi.id,
                 sliceCount=gi.slices,
-                instanceCount=7 // gi.slices,
+                instanceCount=len(placements(gi.slices, gpu_slices(profiles))),
                 multiprocessorCount=gi.multiprocessors,
                 decoderCount=gi.decoders,
                 jpegCount=gi.jpegs,
@@ -389,7 +397,7 @@ class FakeNvml:
             peer = self._remote(handle, link, "nvmlDeviceGetNvLinkRemotePciInfo")
             if peer is not None:
                 return _pci_info(peer.pci_bus_id)
-            return _pci_info(f"00000000:{0xC0 + link % 6:02X}:00.0")  # six NVSwitches
+            return _pci_info(switch_bus_id(link))
 
     def nvmlDeviceGetNvLinkRemoteDeviceType(self, handle: Any, link: int) -> int:
         with self._lock:
@@ -402,7 +410,7 @@ class FakeNvml:
         with self._lock:
             a = self._whole_gpu(first, "nvmlDeviceGetTopologyCommonAncestor")
             b = self._whole_gpu(second, "nvmlDeviceGetTopologyCommonAncestor")
-            return _common_ancestor(a, b)
+            return common_ancestor(a, b)
 
     # --- events -------------------------------------------------------------------------------
 
@@ -495,8 +503,25 @@ def _pci_info(bus_id: str) -> s.PciInfo:
     )
 
 
-def _common_ancestor(a: SimGpu, b: SimGpu) -> int:
-    """NVML's topology level from the node file's PCIe tree (see node.py)."""
+def gpu_instance_profiles(gpu: SimGpu) -> dict[int, GiProfile]:
+    """The GPU-instance profiles a GPU offers, by NVML enum: its model's, plus those of its
+    MIG devices (a model without a published table offers what its node file uses)."""
+    profiles = model_profiles(gpu.name)
+    for mig in gpu.mig_devices:
+        profiles.setdefault(mig.shape.gpu_instance.enum, mig.shape.gpu_instance)
+    return dict(sorted(profiles.items()))
+
+
+def switch_bus_id(link: int) -> str:
+    """The PCI bus id of the NVSwitch at the far end of NVLink `link` (six switches)."""
+    return f"00000000:{0xC0 + link % 6:02X}:00.0"
+
+
+def common_ancestor(a: SimGpu, b: SimGpu) -> int:
+    """NVML's topology level from the node file's PCIe tree (see node.py); a GPU with itself
+    is INTERNAL."""
+    if a.uuid == b.uuid:
+        return s.NVML_TOPOLOGY_INTERNAL
     if a.pcie_switches and a.pcie_switches[:1] == b.pcie_switches[:1]:
         if a.pcie_switches[-1] == b.pcie_switches[-1]:
             return s.NVML_TOPOLOGY_SINGLE

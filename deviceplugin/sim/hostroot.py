@@ -6,14 +6,18 @@ user-space files of the node's driver version (`usr/lib/x86_64-linux-gnu/libcuda
 its soname links, `usr/bin/nvidia-smi`, GSP firmware). Run as root, the device nodes are real
 character devices with the driver's majors and minors (a runtime can pass them into a
 container; opening one fails without the driver); otherwise they are empty plain files.
-`deviceplugin sim-root NODE DIR` writes such a tree; `serve --simulate` lays one out in a temp
-dir unless `--nvidia-driver-root` names one.
+`deviceplugin sim-root NODE DIR` writes such a tree, and with `install_library` the simulated
+`libnvidia-ml.so.<ver>` (`sim/native/`) in place of the placeholder, the node rendered for it
+beside it and an empty events file, so any NVML consumer given DIR as its driver root runs on
+the node; `serve --simulate` lays out a tree (without the library) in a temp dir unless
+`--nvidia-driver-root` names one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from deviceplugin.model.hostpaths import (
     gpu_instance_key,
 )
 from deviceplugin.sim.node import Node
+from deviceplugin.sim.nodejson import render
 
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 510  # dynamic on a real host; /proc/devices says which
@@ -40,6 +45,9 @@ LIBRARY_DIR = "usr/lib/x86_64-linux-gnu"
 LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "libnvidia-nvvm.so")
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+# Where the simulated library looks, relative to DIR (native/node.c says the same).
+LIBRARY_NODE_FILE = f"{LIBRARY_DIR}/deviceplugin-sim-node.json"
+EVENTS_FILE = "etc/deviceplugin-sim/events.jsonl"
 
 
 def gpu_instance_minor(gpu: int, gpu_instance: int) -> int:
@@ -125,6 +133,26 @@ def lay_out(node: Node, root: Path, every_instance: bool = True) -> bool:
     for firmware in FIRMWARE:
         _write(root / "lib/firmware/nvidia" / version / firmware, b"placeholder firmware\n")
     return real
+
+
+def install_library(node: Node, root: Path, library: Path) -> None:
+    """Put the simulated NVML library (`library`, a build of `sim/native/`) under `root` as
+    `libnvidia-ml.so.<ver>` with its `.so.1` and `.so` links, the node rendered for it beside
+    it, and the events file it reads (created empty when missing). A copy, not a link: the
+    dynamic loader treats two roots' copies as two libraries, each finding its own node."""
+    target = root / LIBRARY_DIR / f"libnvidia-ml.so.{node.driver_version}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = target.with_name(f".{target.name}.new")
+    shutil.copyfile(library, scratch)
+    scratch.chmod(0o755)
+    os.replace(scratch, target)
+    _link(target.parent / "libnvidia-ml.so.1", target.name)
+    _link(target.parent / "libnvidia-ml.so", "libnvidia-ml.so.1")
+    _write(root / LIBRARY_NODE_FILE, render(node).encode())
+    events = root / EVENTS_FILE
+    if not events.exists():
+        _write(events, b"")
+        events.chmod(0o666)
 
 
 def _write(path: Path, content: bytes) -> None:

@@ -10,9 +10,10 @@ kubelet does not wait for it to connect: `connected` says whether it did within
 `connect_timeout`); then NotifyRegistrationStatus (5 s timeout) reports the outcome, with the
 kubelet's error texts.
 A failed registration is retried every second, as the plugin manager's reconciler does. A
-socket that disappears deregisters the plugin; one re-created (a restarted driver) registers
-again. `prepare` / `unprepare` call the chosen service, or a given version, as the kubelet
-does when a pod using claims starts or ends.
+socket that disappears deregisters the plugin; one re-created (a restarted driver, also one
+killed and started again, whose socket is replaced) registers again. `prepare` / `unprepare`
+call the chosen service, or a given version, as the kubelet does when a pod using claims starts
+or ends.
 
 Health, as the kubelet's DRA manager follows it with its ResourceHealthStatus gate on
 (`health_gate`): the first health service of the plugin's `supported_versions` this kubelet knows

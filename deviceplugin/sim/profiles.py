@@ -255,3 +255,16 @@ def resolve(gpu_name: str, total_mib: int, profile: str, memory_mib: int | None)
 def model_profiles(gpu_name: str) -> dict[int, GiProfile]:
     """The GPU-instance profiles a known model offers, by enum (empty for unknown models)."""
     return {gi.enum: gi for gi in KNOWN_MODELS.get(gpu_name, {}).values()}
+
+
+def placements(slices: int, gpu_slices: int) -> list[tuple[int, int]]:
+    """Where a GPU instance of `slices` slices may start on a GPU of `gpu_slices` slices, and
+    how many memory slices it spans (3 of 7 span 4), as `nvidia-smi mig -lgipp` lists them."""
+    if slices == 3 and gpu_slices == 7:
+        return [(0, 4), (4, 4)]
+    return [(start, slices) for start in range(0, gpu_slices - slices + 1, slices)]
+
+
+def gpu_slices(profiles: dict[int, GiProfile]) -> int:
+    """How many slices a GPU with these GPU-instance profiles has: its largest profile's."""
+    return max((gi.slices for gi in profiles.values()), default=7)

@@ -3,6 +3,12 @@
 # folder that holds them:
 #
 #   e2e/cluster/build.sh            # -> /var/cache/deviceplugin-e2e/cluster/<key>/bin
+#   e2e/cluster/build.sh --check    # only the prerequisite check below
+#
+# Before building anything it checks its prerequisites (a C compiler, libc for static linking,
+# pkg-config, libseccomp, Go) and fails in the first second naming each missing one and its
+# Debian package; the `build` group of e2e/host-packages.txt lists the same packages (a test
+# keeps the two in step), and `make cluster` installs them first.
 #
 # Every version is in go.mod (go.sum pins their content): Kubernetes (kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubelet, kubectl), etcd, containerd (with ctr and the
@@ -31,11 +37,57 @@ stamp=$out/.complete
 
 log() { printf '[cluster build] %s\n' "$*" >&2; }
 
+# --- prerequisites: `need KIND WHAT PACKAGE`, one line each ------------------------------------
+missing=()
+need() {
+    local kind=$1 what=$2 package=$3 found=1
+    case $kind in
+        command) command -v "$what" >/dev/null || found=0 ;;
+        # gcc prints the bare name back when it finds no such file.
+        gcc-file) local file
+            file=$(gcc -print-file-name="$what" 2>/dev/null || true)
+            [ "$file" != "$what" ] && [ -f "$file" ] || found=0 ;;
+        pkg-config) pkg-config --exists "$what" 2>/dev/null || found=0 ;;
+    esac
+    [ "$found" = 1 ] || missing+=("$what ($kind; Debian package $package)")
+}
+check_prerequisites() {
+    need command gcc gcc
+    need gcc-file libc.a libc6-dev
+    need command pkg-config pkg-config
+    need pkg-config libseccomp libseccomp-dev
+    local wanted have
+    wanted=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here/go.mod")
+    if ! command -v go >/dev/null; then
+        missing+=("go (Go $wanted or newer, from go.dev: not a Debian package)")
+    else
+        have=$(go env GOVERSION 2>/dev/null || true)
+        have=${have#go}
+        # GOTOOLCHAIN=auto meets a newer go line with a toolchain from the module proxy.
+        if [ "$(printf '%s\n%s\n' "$wanted" "$have" | sort -V | head -n1)" != "$wanted" ] &&
+            [ "${GOTOOLCHAIN%%+*}" = local ]; then
+            missing+=("go $wanted or newer (found go $have with GOTOOLCHAIN=local)")
+        fi
+    fi
+    if [ ${#missing[@]} -gt 0 ]; then
+        log "missing prerequisites, nothing built:"
+        printf '[cluster build]   %s\n' "${missing[@]}" >&2
+        log "install them with: sudo e2e/host-packages.sh build (or make cluster, which does)"
+        exit 1
+    fi
+}
+
+if [ "${1:-}" = --check ]; then
+    check_prerequisites
+    log "prerequisites: all present"
+    exit 0
+fi
 if [ -f "$stamp" ]; then
     log "cached: $bin"
     echo "$bin"
     exit 0
 fi
+check_prerequisites
 
 cd "$here"
 version_of() { go list -m -f '{{.Version}}' "$1"; }

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -40,6 +41,8 @@ RUN = HERE / "run"
 PKI = RUN / "pki"
 LOGS = RUN / "logs"
 PIDS = RUN / "pids"
+REAPER = "reaper"
+REAPER_SOCKET = RUN / "reaper.sock"
 STATE = Path("/var/lib/deviceplugin-e2e-cluster")
 RUNTIME_STATE = Path("/run/deviceplugin-e2e-cluster")
 KUBELET_ROOT = Path("/var/lib/kubelet")
@@ -62,6 +65,29 @@ ETCD_PEER = "127.0.0.1:23800"
 PAUSE_IMAGE = "localhost/deviceplugin-e2e-pause:latest"
 NAT_CHAIN = "DPE2E-SERVICES"
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+# The host commands this file runs, by the Debian package that has them: the `node` group of
+# e2e/host-packages.txt (tests/test_host_packages.py keeps the two in step).
+HOST_COMMANDS = {
+    "ip": "iproute2",
+    "iptables": "iptables",
+    "openssl": "openssl",
+    "mount": "mount",
+    "umount": "mount",
+}
+# Binaries of the cluster that are not components: started by containerd, the kubelet or by hand.
+CLUSTER_HELPERS = (
+    "containerd-shim-runc-v2",
+    "runc",
+    "ctr",
+    "crictl",
+    "pause",
+    "bridge",
+    "loopback",
+    "host-local",
+    "portmap",
+)
+# `up` builds the node, runs it and makes its images: e2e/host-packages.txt's groups for each.
+PACKAGE_GROUPS = ("build", "node", "images")
 STOP_ORDER = (
     "kubelet",
     "containerd",
@@ -107,12 +133,31 @@ def wait_for(what: str, ready: Callable[[], bool], timeout: float, log_name: str
 # --- binaries ------------------------------------------------------------------------------------
 
 
+def ensure_host_packages() -> None:
+    """What `up` needs on the host, installed before the long build rather than missed after it:
+    the build's, the node's and the images' packages (e2e/host-packages.txt)."""
+    script = REPO / "e2e" / "host-packages.sh"
+    if subprocess.run([str(script), *PACKAGE_GROUPS]).returncode != 0:
+        raise ClusterError(f"{script} could not provide the host packages (see above)")
+    absent = [f"{cmd} ({pkg})" for cmd, pkg in HOST_COMMANDS.items() if not shutil.which(cmd)]
+    if absent:
+        raise ClusterError(f"host commands missing: {', '.join(absent)}")
+
+
 def binaries() -> Path:
     """The cached build (build.sh builds it once per version set)."""
     done = subprocess.run([str(HERE / "build.sh")], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise ClusterError("build.sh failed (its output is above)")
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+def helm() -> None:
+    """Helm at run/bin/helm, beside kubectl: e2e/helm/build.sh builds it once from its own
+    go.mod (cached outside the clone) and links it there."""
+    done = subprocess.run([str(REPO / "e2e" / "helm" / "build.sh")], stdout=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise ClusterError("e2e/helm/build.sh failed (its output is above)")
 
 
 # --- certificates --------------------------------------------------------------------------------
@@ -271,16 +316,35 @@ def start(component: Component) -> None:
     PIDS.mkdir(parents=True, exist_ok=True)
     (RUN / "cmdline").mkdir(exist_ok=True)
     (RUN / "cmdline" / component.name).write_text("\0".join(component.args))
-    with open(LOGS / f"{component.name}.log", "ab") as out:
-        process = subprocess.Popen(
-            component.args,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    (PIDS / f"{component.name}.pid").write_text(str(process.pid))
-    log(f"{component.name}: started (pid {process.pid}, log {LOGS / component.name}.log)")
+    log_path = LOGS / f"{component.name}.log"
+    pid = ask_reaper({"args": component.args, "log": str(log_path), "env": dict(os.environ)})
+    (PIDS / f"{component.name}.pid").write_text(str(pid))
+    log(f"{component.name}: started (pid {pid}, log {log_path})")
+
+
+def ask_reaper(request: dict[str, object]) -> int:
+    """Starts a component as the reaper's child (reaper.py), so that it and every orphan it
+    leaves (containerd's shims) are reaped when they end; starts the reaper first if need be."""
+    if not pid_of(REAPER):
+        PIDS.mkdir(parents=True, exist_ok=True)
+        with open(LOGS / f"{REAPER}.log", "ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, str(HERE / "reaper.py"), str(REAPER_SOCKET)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        (PIDS / f"{REAPER}.pid").write_text(str(process.pid))
+        wait_for("reaper", REAPER_SOCKET.is_socket, 10, REAPER)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(10)
+        conn.connect(str(REAPER_SOCKET))
+        conn.sendall(json.dumps(request).encode() + b"\n")
+        reply = json.loads(conn.makefile("rb").readline() or b"{}")
+    if "pid" not in reply:
+        raise ClusterError(f"the reaper could not start {request['args']}: {reply.get('error')}")
+    return int(reply["pid"])
 
 
 def stop(name: str, timeout: float = 20) -> None:
@@ -657,16 +721,24 @@ def ensure_images() -> None:
 
 def prepare_simulated_node() -> None:
     """The simulated GPU node's host files the overlays mount: a driver root of real character
-    devices (`deviceplugin sim-root`) and the events file tests append Xids to."""
+    devices with the simulated libnvidia-ml.so.1 (`deviceplugin sim-root`, again for a root made
+    before it carried the library), and `events.jsonl`, where tests append Xids: a relative link
+    to the events file that library reads, so host and containers name the same file."""
     root = SIMULATED_NODE / "root"
-    if not (root / "dev").is_dir():
+    if not (root / "usr/lib/x86_64-linux-gnu/deviceplugin-sim-node.json").is_file():
         deviceplugin = REPO / ".venv" / "bin" / "deviceplugin"
         run([deviceplugin, "sim-root", SIMULATED_PRESET, root])
-    (SIMULATED_NODE / "events.jsonl").touch()
+    events = SIMULATED_NODE / "events.jsonl"
+    target = Path("root/etc/deviceplugin-sim/events.jsonl")
+    if not events.is_symlink() or events.readlink() != target:
+        events.unlink(missing_ok=True)
+        events.symlink_to(target)
 
 
 def up() -> None:
+    ensure_host_packages()
     bin_dir = binaries()
+    helm()
     if not any(pid_of(name) for name in STOP_ORDER):
         clean_host()  # a fresh start: nothing of an earlier cluster may linger
     ensure_images()
@@ -751,7 +823,11 @@ def down() -> None:
     for name in STOP_ORDER:
         stop(name)
     clean_host()
-    log("down: every component stopped, host cleaned")
+    stop(REAPER)
+    left = defunct()
+    log(f"down: every component stopped, host cleaned; defunct processes left: {len(left)}")
+    for line in left:
+        log(f"  {line}")
 
 
 def clean_host() -> None:
@@ -783,19 +859,15 @@ def clean_host() -> None:
 def kill_leftovers() -> None:
     """Every process run from the cluster's binaries (components, shims) and every process in
     the pods' cgroups, then those cgroups themselves."""
-    cache = str(CACHE) + "/"
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
+    for pid in binary_pids():
         with contextlib.suppress(OSError):
-            if os.readlink(proc / "exe").startswith(cache):
-                os.kill(int(proc.name), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
     pod_cgroups = sorted(Path("/sys/fs/cgroup").glob("*/kubepods"))
     for root in pod_cgroups:
         for procs in root.rglob("cgroup.procs"):
-            for pid in procs.read_text().split():
+            for member in procs.read_text().split():
                 with contextlib.suppress(OSError):
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(int(member), signal.SIGKILL)
     time.sleep(0.5)
     for root in pod_cgroups:
         for cgroup in sorted(
@@ -805,6 +877,42 @@ def kill_leftovers() -> None:
                 cgroup.rmdir()
         with contextlib.suppress(OSError):
             root.rmdir()
+
+
+def processes() -> dict[int, tuple[str, str, int]]:
+    """pid -> (comm, state, ppid) for every process, from /proc/PID/stat."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            stat = (proc / "stat").read_text()
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+            found[int(proc.name)] = (comm, state, int(ppid))
+    return found
+
+
+def binary_pids() -> set[int]:
+    """Every live process run from the cluster's binaries (components, shims)."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            if os.readlink(proc / "exe").startswith(str(CACHE) + "/"):
+                pids.add(int(proc.name))
+    return pids
+
+
+def defunct() -> list[str]:
+    """`<defunct>` processes of the cluster: named after one of its binaries (the kernel keeps
+    15 characters of a name), or children of the reaper or of a cluster process."""
+    names = {name[:15] for name in (*STOP_ORDER, *CLUSTER_HELPERS)}
+    parents = binary_pids() | {pid for pid in [pid_of(REAPER)] if pid}
+    return [
+        f"pid {pid} [{comm}] <defunct>, parent {ppid}"
+        for pid, (comm, state, ppid) in sorted(processes().items())
+        if state == "Z" and (comm in names or ppid in parents)
+    ]
 
 
 def unmount_under(roots: Sequence[Path]) -> None:
@@ -829,6 +937,12 @@ def status() -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"node {NODE_NAME}: API not reachable ({exc})")
         down_count += 1
+    reaper = pid_of(REAPER)
+    print(f"{REAPER:24} {'running, pid ' + str(reaper) if reaper else 'stopped'}")
+    left = defunct()
+    print(f"defunct processes under the cluster: {len(left)}")
+    for line in left:
+        print(f"  {line}")
     return 0 if down_count == 0 else 3
 
 
@@ -844,6 +958,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     restart_parser.add_argument("component", choices=STOP_ORDER)
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
+        if args.command == "up":  # name the missing packages too, so one sudo session does it
+            subprocess.run([str(REPO / "e2e" / "host-packages.sh"), "--check", *PACKAGE_GROUPS])
         print("cluster: needs root (mounts, network, containerd, the kubelet)", file=sys.stderr)
         return 2
     try:

@@ -5,7 +5,9 @@ DaemonSet, RBAC and DeviceClasses on a simulated a100-80gb-x8-mixed node), talki
 server with its own service account. Checked through the API (ResourceSlices as the API server
 serves them, claims as the scheduler allocated them, pods as the kubelet ran them), the
 containers' own device nodes, and the driver's files on the host (CDI specs, checkpoint).
-Scenarios run in file order; the Xid comes last.
+The driver is also killed inside Prepare and Unprepare (`DP_FAILPOINT` set on its DaemonSet)
+and the kubelet's retries checked once it is removed. Scenarios run in file order; the Xid comes
+last.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from pathlib import Path
 
 import pytest
 
+from deviceplugin.dra.checkpoint import read_boot_id
+from deviceplugin.dra.failpoints import (
+    EXIT_STATUS,
+    FAILPOINT_ENV,
+    PREPARE_AFTER_CDI_SPEC,
+    PREPARE_AFTER_CHECKPOINT,
+    UNPREPARE_AFTER_CDI_SPEC_REMOVED,
+)
 from deviceplugin.sim.node import read_node, resolve_node_path
 from e2e.cluster.kube import (
     EVENTS,
@@ -46,6 +56,7 @@ DRIVER_ROOT = SIMULATED_NODE / "root"
 OVERLAY = REPO / "manifests" / "overlays" / "simulated-node-dra"
 DRIVER = "gpu.nvidia.com"
 DRIVER_LABEL = "app.kubernetes.io/name=deviceplugin-dra"
+DAEMONSET = "daemonset/deviceplugin-dra"
 SYSTEM = ("-n", "kube-system")
 CDI_DIR = Path("/var/run/cdi")
 CHECKPOINT = Path("/var/lib/kubelet/plugins") / DRIVER / "checkpoint.json"
@@ -234,20 +245,34 @@ def test_slices_describe_every_gpu_and_mig_device_as_v1() -> None:
     assert len(devices) == 32
 
 
-def applied_configs() -> int:
-    return kubectl("logs", *SYSTEM, driver_ready() or "").count('"config.applied"')
+def whole_pool() -> dict[str, Obj] | None:
+    """Every device of the node's pool by name, once every slice of its newest generation is
+    published (as many as the pool says it has); None before."""
+    found = slices()
+    if not found:
+        return None
+    newest = max(s["spec"]["pool"]["generation"] for s in found)
+    current = [s for s in found if s["spec"]["pool"]["generation"] == newest]
+    if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
+        return None
+    return {d["name"]: d for s in current for d in s["spec"].get("devices", [])}
 
 
 def test_slices_do_not_follow_the_device_plugins_mig_strategy() -> None:
+    """An adopted reload lists the slices afresh and repairs them, and nothing else repairs a
+    slice deleted under the driver; so once the deleted pool is whole again, what is published
+    is the reload's work, and it must be what was published before."""
     configmap = (REPO / "manifests" / "config" / "configmap.yaml").read_text()
-    before, applied = sorted(published()), applied_configs()
+    before = whole_pool()
+    assert before is not None and len(before) == 32
+    kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", "--wait=true")
     try:
         kubectl(
             "apply", "-f", "-", stdin=configmap.replace("migStrategy: mixed", "migStrategy: none")
         )
         # Through the kubelet's volume swap to the driver's reload, which republishes.
-        wait_until("the driver applying migStrategy none", lambda: applied_configs() > applied)
-        assert sorted(published()) == before
+        after = wait_until("the reload republishing the pool", whole_pool, timeout=180)
+        assert after == before
     finally:
         kubectl("apply", "-f", "-", stdin=configmap)
 
@@ -338,6 +363,82 @@ def test_kubelet_restart_re_registers_and_keeps_prepared_claims() -> None:
     assert pod(name)["status"]["containerStatuses"][0]["restartCount"] == 0
 
 
+def set_driver_env(assignment: str) -> None:
+    """`kubectl set env` on the driver's DaemonSet (`NAME=value`, or `NAME-` to remove it), and
+    wait for the rollout: the old pod gone, the new one Ready."""
+    kubectl("set", "env", *SYSTEM, DAEMONSET, assignment)
+    kubectl("rollout", "status", *SYSTEM, DAEMONSET, "--timeout=300s", timeout=320)
+    wait_until("one driver pod, Ready", lambda: len(driver_pods()) == 1 and driver_ready())
+
+
+def driver_pods() -> list[Obj]:
+    items: list[Obj] = get("pods", *SYSTEM, "-l", DRIVER_LABEL)["items"]
+    return items
+
+
+def driver_died_at_failpoint() -> bool:
+    """The driver's container last ended with the failpoints' exit status."""
+    (found,) = driver_pods()
+    statuses = found["status"].get("containerStatuses", [])
+    ended = statuses[0].get("lastState", {}).get("terminated", {}) if statuses else {}
+    return bool(ended.get("exitCode") == EXIT_STATUS)
+
+
+def files_of(uid: str) -> list[Path]:
+    """Whatever the driver left on the host under the claim's UID: specs, temp files."""
+    return [p for p in CDI_DIR.iterdir() if uid in p.name]
+
+
+def checkpoint_data() -> Obj:
+    data: Obj = json.loads(CHECKPOINT.read_text())["data"]
+    return data
+
+
+@pytest.mark.parametrize("point", [PREPARE_AFTER_CDI_SPEC, PREPARE_AFTER_CHECKPOINT])
+def test_a_driver_killed_in_prepare_prepares_the_claim_once_the_failpoint_is_gone(
+    point: str,
+) -> None:
+    name = f"through-{point}"
+    set_driver_env(f"{FAILPOINT_ENV}={point}")
+    try:
+        apply(claim_pod(name, "mig-slice"))
+        wait_until(f"the driver exiting at {point}", driver_died_at_failpoint, timeout=180)
+    finally:
+        set_driver_env(f"{FAILPOINT_ENV}-")
+    wait_until(f"pod {name} Running through the kubelet's retry", lambda: pod_running(name), 300)
+    results = allocated(name)
+    assert seen(name) == expected_for(results)  # exactly its device
+    uid = claim_uid(name)
+    saved = checkpoint_data()
+    assert saved["bootID"] == read_boot_id()  # this boot's
+    entry = saved["claims"][uid]
+    assert entry["state"] == "PrepareCompleted"
+    assert sorted(d["device"] for d in entry["devices"]) == sorted(r["device"] for r in results)
+    assert files_of(uid) == [cdi_spec_of(uid)]
+    delete_and_wait_unprepared(uid, "the claim unprepared")
+    assert files_of(uid) == []
+
+
+def test_a_driver_killed_in_unprepare_finishes_it_once_the_failpoint_is_gone() -> None:
+    set_driver_env(f"{FAILPOINT_ENV}={UNPREPARE_AFTER_CDI_SPEC_REMOVED}")
+    try:
+        name = start(claim_pod("through-unprepare", "mig-slice"))
+        assert seen(name) == expected_for(allocated(name))
+        uid = claim_uid(name)
+        kubectl("delete", "pod", "-n", "default", name, "--wait=false")
+        wait_until("the driver exiting in Unprepare", driver_died_at_failpoint, timeout=180)
+        assert files_of(uid) == [] and uid in prepared_in_checkpoint()
+    finally:
+        set_driver_env(f"{FAILPOINT_ENV}-")
+    wait_until(
+        "the claim unprepared by the kubelet's retry",
+        lambda: uid not in prepared_in_checkpoint(),
+        timeout=300,
+    )
+    assert files_of(uid) == []
+    assert checkpoint_data()["bootID"] == read_boot_id()
+
+
 def test_xid_79_unpublishes_a_gpus_devices_for_new_claims_only() -> None:
     running = start(claim_pod("before-xid", "mig-slice"))
     devices = seen(running)
@@ -385,6 +486,8 @@ def test_xid_79_unpublishes_a_gpus_devices_for_new_claims_only() -> None:
         lambda: unschedulable_reason("needs-failing-gpu"),
         timeout=60,
     )
+    # The DRA plugin's Filter: no device of the claim's class and selector is free of the taint.
+    assert "cannot allocate all claims" in reason, reason
     assert pod("needs-failing-gpu")["status"]["phase"] == "Pending", reason
     status = pod(running)["status"]
     assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0

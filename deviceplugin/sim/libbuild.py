@@ -1,0 +1,203 @@
+"""Build the simulated `libnvidia-ml.so.1` (C sources in `sim/native/`) with gcc against NVIDIA's
+own `nvml.h` (the pinned `nvidia-nvml-dev` wheel), once per source version.
+
+Every function `nvml.h` declares is exported: those `native/*.c` define are modelled, the rest
+are generated here as stubs answering NVML_ERROR_NOT_SUPPORTED (a consumer that binds symbols
+lazily, as go-nvml does, would die on a missing one). Builds are cached under
+`${XDG_CACHE_HOME:-~/.cache}/deviceplugin/nvml-sim/<hash of sources, header and flags>/`.
+An installed package that carries a prebuilt library (the container image) uses that one.
+
+`python -m deviceplugin.sim.libbuild [--into DIR]` builds and prints the library's path (with
+`--into`, copies it there first: `image/build.sh` ships it inside the wheel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+NATIVE_DIR = Path(__file__).parent / "native"
+LIBRARY_NAME = "libnvidia-ml.so.1"
+PACKAGED = NATIVE_DIR / LIBRARY_NAME
+HEADER_IN_WHEEL = Path("nvidia/cu13/include/nvml.h")
+SOURCES = ("json.c", "node.c", "events.c", "system.c", "device.c", "mig.c")
+CFLAGS = ("-std=c11", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
+SANITIZERS = {
+    "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all"),
+    "thread": ("-fsanitize=thread",),
+}
+_DECLARATION = re.compile(r"\bnvmlReturn_t\s+(nvml\w+)\s*\(([^;{]*?)\)\s*;")
+_DEFINED = re.compile(r"^[^\n;]*\bDECLDIR\b[^\n(]*?\b(nvml\w+)\(", re.MULTILINE)
+
+
+class BuildError(Exception):
+    """The library cannot be built here (no header, no gcc, a compile error)."""
+
+
+def nvml_header() -> Path:
+    """nvml.h from the nvidia-nvml-dev wheel installed beside this package."""
+    for entry in sys.path:
+        candidate = Path(entry or ".") / HEADER_IN_WHEEL
+        if candidate.is_file():
+            return candidate
+    raise BuildError(
+        f"no {HEADER_IN_WHEEL} on sys.path: pip install nvidia-nvml-dev==13.4.92 "
+        "(the dev extra of this package pins it)"
+    )
+
+
+def library_path() -> Path:
+    """The simulated library: the one packaged with this install, else a cached build."""
+    if PACKAGED.is_file():
+        return PACKAGED
+    return build()
+
+
+def build() -> Path:
+    """The cached library for the current sources, built first if missing."""
+    header = nvml_header()
+    target = _cache_dir() / _key(header, CFLAGS) / LIBRARY_NAME
+    if target.is_file():
+        return target
+    target.parent.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent.parent) as scratch:
+        work = Path(scratch)
+        output = work / LIBRARY_NAME
+        _compile(
+            header,
+            work,
+            CFLAGS,
+            "-shared",
+            f"-Wl,--version-script={NATIVE_DIR / 'exports.map'}",
+            f"-Wl,-soname,{LIBRARY_NAME}",
+            "-Wl,-z,nodelete",
+            "-o",
+            str(output),
+        )
+        built = work / "done"
+        built.mkdir()
+        output.rename(built / LIBRARY_NAME)
+        try:
+            built.rename(target.parent)
+        except OSError:
+            if not target.is_file():  # not another process finishing the same build first
+                raise
+    return target
+
+
+def sanitized_program(main_source: Path, output: Path, sanitizer: str = "address") -> Path:
+    """`main_source` linked with the library's sources under AddressSanitizer and UBSan
+    ("address") or ThreadSanitizer ("thread"): an executable that tests the simulation with
+    every memory, undefined-behaviour or data-race check on."""
+    flags = (*CFLAGS, "-fno-omit-frame-pointer", *SANITIZERS[sanitizer])
+    _compile(nvml_header(), output.parent, flags, str(main_source), "-o", str(output))
+    return output
+
+
+def _compile(header: Path, work: Path, flags: tuple[str, ...], *arguments: str) -> None:
+    """gcc over the library's sources and the stubs generated from `header` (into `work`)."""
+    stubs = work / "stubs.c"
+    stubs.write_text(stub_source(header))
+    _gcc(
+        *flags,
+        f"-I{header.parent}",
+        f"-I{NATIVE_DIR}",
+        *(str(NATIVE_DIR / name) for name in SOURCES),
+        str(stubs),
+        *arguments,
+    )
+
+
+def declared_functions(header: Path) -> dict[str, str]:
+    """Every function nvml.h declares (with the unversioned names), name -> parameter list."""
+    text = _gcc("-E", "-P", "-DNVML_NO_UNVERSIONED_FUNC_DEFS=1", "-x", "c", str(header))
+    flat = " ".join(text.split())
+    found: dict[str, str] = {}
+    for match in _DECLARATION.finditer(flat):
+        found.setdefault(match.group(1), match.group(2).strip())
+    return found
+
+
+def modelled_functions() -> set[str]:
+    """The NVML functions `native/*.c` define."""
+    names: set[str] = set()
+    for name in SOURCES:
+        names.update(_DEFINED.findall((NATIVE_DIR / name).read_text()))
+    return names
+
+
+def stub_source(header: Path) -> str:
+    """C definitions answering NOT_SUPPORTED for every declared function not modelled."""
+    modelled = modelled_functions()
+    lines = [
+        "/* Generated by deviceplugin.sim.libbuild from nvml.h: not modelled by the simulation. */",
+        "#define NVML_NO_UNVERSIONED_FUNC_DEFS 1",
+        "#include <nvml.h>",
+        '#pragma GCC diagnostic ignored "-Wunused-parameter"',
+        '#pragma GCC diagnostic ignored "-Wdeprecated-declarations"',
+    ]
+    for name, parameters in sorted(declared_functions(header).items()):
+        if name not in modelled:
+            lines.append(
+                f"nvmlReturn_t {name}({parameters}) {{ return NVML_ERROR_NOT_SUPPORTED; }}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _key(header: Path, flags: tuple[str, ...]) -> str:
+    digest = hashlib.sha256()
+    for path in (
+        header,
+        Path(__file__),
+        NATIVE_DIR / "exports.map",
+        *(NATIVE_DIR / n for n in SOURCES),
+    ):
+        digest.update(path.read_bytes())
+    for path in sorted(NATIVE_DIR.glob("*.h")):
+        digest.update(path.read_bytes())
+    digest.update(" ".join(flags).encode())
+    return digest.hexdigest()[:20]
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "deviceplugin" / "nvml-sim"
+
+
+def _gcc(*arguments: str) -> str:
+    compiler = os.environ.get("CC", "gcc")
+    try:
+        done = subprocess.run(
+            [compiler, *arguments], capture_output=True, text=True, check=False, timeout=300
+        )
+    except OSError as err:
+        raise BuildError(f"cannot run {compiler}: {err}") from err
+    if done.returncode != 0:
+        raise BuildError(f"{compiler} failed:\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deviceplugin.sim.libbuild")
+    parser.add_argument("--into", help="copy the built library into this folder")
+    options = parser.parse_args(argv)
+    try:
+        path = build()
+    except BuildError as err:
+        print(f"libbuild: {err}", file=sys.stderr)
+        return 1
+    if options.into:
+        path = Path(shutil.copy2(path, Path(options.into) / LIBRARY_NAME))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":  # a build step's entry point, apart from the daemon's __main__
+    raise SystemExit(main())

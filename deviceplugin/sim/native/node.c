@@ -1,0 +1,377 @@
+/* Where the simulated node comes from and how handles map onto it.
+ *
+ * The node is the JSON rendering `deviceplugin sim-root` writes beside this library
+ * (`deviceplugin-sim-node.json`); events are read from `etc/deviceplugin-sim/events.jsonl` three
+ * levels above the library's folder (DIR of DIR/usr/lib/x86_64-linux-gnu). DEVICEPLUGIN_SIM_NODE
+ * and DEVICEPLUGIN_SIM_EVENTS name other files. The node is read once, at the first successful
+ * nvmlInit; it is never freed, so handles stay valid for the life of the process. */
+#define _GNU_SOURCE
+#include "sim.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "json.h"
+
+#define NODE_FILE "deviceplugin-sim-node.json"
+#define EVENTS_FROM_LIBRARY "/../../../etc/deviceplugin-sim/events.jsonl"
+#define MAX_NODE_BYTES (16 << 20)
+
+pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
+sim_node *sim_current;
+unsigned sim_init_count;
+static char events_path[PATH_MAX];
+
+void sim_complain(const char *format, ...) {
+    va_list args;
+    va_start(args, format);
+    fputs("libnvidia-ml.so.1 (deviceplugin simulated node): ", stderr);
+    vfprintf(stderr, format, args);
+    fputc('\n', stderr);
+    va_end(args);
+}
+
+/* The folder this library was loaded from, resolved through symlinks. */
+static int library_dir(char *out, size_t size) {
+    Dl_info info;
+    char resolved[PATH_MAX];
+    if (!dladdr((void *)&library_dir, &info) || !info.dli_fname || !realpath(info.dli_fname, resolved))
+        return 0;
+    char *slash = strrchr(resolved, '/');
+    if (!slash) return 0;
+    *slash = '\0';
+    return snprintf(out, size, "%s", resolved) < (int)size;
+}
+
+static int default_path(char *out, size_t size, const char *env, const char *relative) {
+    const char *chosen = getenv(env);
+    if (chosen && *chosen) return snprintf(out, size, "%s", chosen) < (int)size;
+    char dir[PATH_MAX];
+    if (!library_dir(dir, sizeof dir)) return 0;
+    return snprintf(out, size, "%s%s", dir, relative) < (int)size;
+}
+
+const char *sim_events_path(void) { return events_path; }
+
+/* --- reading the rendering ------------------------------------------------------------------ */
+
+typedef struct {
+    char error[256];
+    char where[96];
+} parse_state;
+
+static int bad(parse_state *st, const char *where, const char *what) {
+    if (!st->error[0]) snprintf(st->error, sizeof st->error, "%s%s: %s", st->where, where, what);
+    return 0;
+}
+
+static int get_uint(parse_state *st, const json *obj, const char *key, unsigned long long max,
+                    unsigned long long *out) {
+    const json *v = json_get(obj, key);
+    if (!v || v->kind != JSON_NUMBER || !v->integral || v->integer < 0 ||
+        (unsigned long long)v->integer > max)
+        return bad(st, key, "must be a non-negative integer in range");
+    *out = (unsigned long long)v->integer;
+    return 1;
+}
+
+static int get_u(parse_state *st, const json *obj, const char *key, unsigned *out) {
+    unsigned long long v;
+    if (!get_uint(st, obj, key, 0xFFFFFFFFull, &v)) return 0;
+    *out = (unsigned)v;
+    return 1;
+}
+
+static int get_str(parse_state *st, const json *obj, const char *key, char *out, size_t size) {
+    const json *v = json_get(obj, key);
+    if (!v || v->kind != JSON_STRING) return bad(st, key, "must be a string");
+    if (strlen(v->string) >= size) return bad(st, key, "is too long");
+    memcpy(out, v->string, strlen(v->string) + 1);
+    return 1;
+}
+
+static int get_bool(parse_state *st, const json *obj, const char *key, int *out) {
+    const json *v = json_get(obj, key);
+    if (!v || v->kind != JSON_BOOL) return bad(st, key, "must be true or false");
+    *out = (int)v->number;
+    return 1;
+}
+
+static const json *get_array(parse_state *st, const json *obj, const char *key, size_t max) {
+    const json *v = json_get(obj, key);
+    if (!v || v->kind != JSON_ARRAY) { bad(st, key, "must be a list"); return NULL; }
+    if (json_length(v) > max) { bad(st, key, "has too many entries"); return NULL; }
+    return v;
+}
+
+static int get_pair(parse_state *st, const json *v, const char *key, nvmlGpuInstancePlacement_t *out) {
+    if (!v || v->kind != JSON_ARRAY || json_length(v) != 2 || v->child->kind != JSON_NUMBER ||
+        v->child->next->kind != JSON_NUMBER || v->child->integer < 0 || v->child->next->integer < 0 ||
+        v->child->integer > 64 || v->child->next->integer > 64)
+        return bad(st, key, "must be [start, size]");
+    out->start = (unsigned)v->child->integer;
+    out->size = (unsigned)v->child->next->integer;
+    return 1;
+}
+
+static int read_profile(parse_state *st, const json *p, sim_gpu *gpu) {
+    unsigned e;
+    if (!get_u(st, p, "enum", &e)) return 0;
+    if (e >= SIM_GI_PROFILES) return bad(st, "enum", "is not a GPU-instance profile");
+    sim_gi_profile *gi = &gpu->gi_profiles[e];
+    gi->present = 1;
+    const json *places = get_array(st, p, "placements", SIM_MAX_PLACEMENTS);
+    if (!places || !get_u(st, p, "id", &gi->id) || !get_u(st, p, "slices", &gi->slices) ||
+        !get_u(st, p, "instances", &gi->instances) || !get_u(st, p, "sms", &gi->sms) ||
+        !get_u(st, p, "copyEngines", &gi->copy_engines) || !get_u(st, p, "decoders", &gi->decoders) ||
+        !get_u(st, p, "jpegs", &gi->jpegs) || !get_u(st, p, "ofas", &gi->ofas) ||
+        !get_uint(st, p, "memoryMiB", 1ull << 40, &gi->memory_mib))
+        return 0;
+    for (const json *pl = places->child; pl; pl = pl->next)
+        if (!get_pair(st, pl, "placements", &gi->placements[gi->placement_count++])) return 0;
+    return 1;
+}
+
+static int read_mig(parse_state *st, const json *m, sim_gpu *gpu, unsigned index) {
+    sim_mig *mig = &gpu->migs[index];
+    mig->gpu = gpu;
+    mig->index = index;
+    if (!get_str(st, m, "uuid", mig->uuid, sizeof mig->uuid) ||
+        !get_str(st, m, "name", mig->name, sizeof mig->name) ||
+        !get_u(st, m, "gpuInstanceId", &mig->gi_id) || !get_u(st, m, "computeInstanceId", &mig->ci_id) ||
+        !get_u(st, m, "giEnum", &mig->gi_enum) || !get_u(st, m, "giProfileId", &mig->gi_profile_id) ||
+        !get_u(st, m, "giSlices", &mig->gi_slices) || !get_u(st, m, "ciSlices", &mig->ci_slices) ||
+        !get_u(st, m, "sms", &mig->sms) || !get_u(st, m, "copyEngines", &mig->copy_engines) ||
+        !get_u(st, m, "decoders", &mig->decoders) || !get_u(st, m, "jpegs", &mig->jpegs) ||
+        !get_u(st, m, "ofas", &mig->ofas) ||
+        !get_uint(st, m, "memoryMiB", 1ull << 40, &mig->memory_mib) ||
+        !get_pair(st, json_get(m, "placement"), "placement", &mig->placement))
+        return 0;
+    if (mig->gi_slices == 0 || mig->ci_slices == 0 || mig->ci_slices > mig->gi_slices)
+        return bad(st, "ciSlices", "must be between 1 and giSlices");
+    return 1;
+}
+
+static int read_gpu(parse_state *st, const json *g, sim_gpu *gpu, unsigned count) {
+    unsigned long long events;
+    const json *cc = json_get(g, "computeCapability"), *numa = json_get(g, "numaNode");
+    const json *topology = get_array(st, g, "topology", SIM_MAX_GPUS);
+    const json *links = topology ? get_array(st, g, "nvlinks", SIM_MAX_LINKS) : NULL;
+    const json *profiles = links ? get_array(st, g, "giProfiles", SIM_GI_PROFILES) : NULL;
+    const json *migs = profiles ? get_array(st, g, "migDevices", SIM_MAX_MIGS) : NULL;
+    const json *unsupported = migs ? get_array(st, g, "notSupported", 1024) : NULL;
+    if (!unsupported || !get_u(st, g, "index", &gpu->index) || !get_u(st, g, "minor", &gpu->minor) ||
+        !get_u(st, g, "brand", &gpu->brand) || !get_u(st, g, "architecture", &gpu->architecture) ||
+        !get_u(st, g, "pciDeviceId", &gpu->pci_device_id) ||
+        !get_str(st, g, "uuid", gpu->uuid, sizeof gpu->uuid) ||
+        !get_str(st, g, "name", gpu->name, sizeof gpu->name) ||
+        !get_str(st, g, "serial", gpu->serial, sizeof gpu->serial) ||
+        !get_str(st, g, "pciBusId", gpu->bus_id, sizeof gpu->bus_id) ||
+        !get_uint(st, g, "memoryMiB", 1ull << 40, &gpu->memory_mib) ||
+        !get_bool(st, g, "migCapable", &gpu->mig_capable) ||
+        !get_bool(st, g, "migEnabled", &gpu->mig_enabled) ||
+        !get_uint(st, g, "supportedEvents", ~0ull >> 1, &events))
+        return 0;
+    gpu->supported_events = events;
+    if (gpu->index >= count) return bad(st, "index", "is not below the GPU count");
+    if (!numa || numa->kind != JSON_NUMBER || !numa->integral || numa->integer < -1 || numa->integer > 4096)
+        return bad(st, "numaNode", "must be an integer, -1 for none");
+    gpu->numa_node = (int)numa->integer;
+    if (!cc || cc->kind != JSON_ARRAY || json_length(cc) != 2 || cc->child->kind != JSON_NUMBER ||
+        cc->child->next->kind != JSON_NUMBER)
+        return bad(st, "computeCapability", "must be [major, minor]");
+    gpu->cc_major = (int)cc->child->integer;
+    gpu->cc_minor = (int)cc->child->next->integer;
+    if (json_length(topology) != count) return bad(st, "topology", "needs one level per GPU");
+    unsigned i = 0;
+    for (const json *t = topology->child; t; t = t->next, i++) {
+        if (t->kind != JSON_NUMBER || !t->integral || t->integer < 0 || t->integer > 100)
+            return bad(st, "topology", "must hold topology levels");
+        gpu->topology[i] = (unsigned)t->integer;
+    }
+    for (const json *l = links->child; l; l = l->next) {
+        sim_link *link = &gpu->links[gpu->link_count++];
+        if (!get_str(st, l, "remotePciBusId", link->remote_bus_id, sizeof link->remote_bus_id) ||
+            !get_bool(st, l, "toSwitch", &link->to_switch))
+            return 0;
+    }
+    for (const json *p = profiles->child; p; p = p->next)
+        if (!read_profile(st, p, gpu)) return 0;
+    for (const json *m = migs->child; m; m = m->next)
+        if (!read_mig(st, m, gpu, gpu->mig_count++)) return 0;
+    size_t length = 1;
+    for (const json *n = unsupported->child; n; n = n->next) {
+        if (n->kind != JSON_STRING) return bad(st, "notSupported", "must hold function names");
+        length += strlen(n->string) + 2;
+    }
+    if (!(gpu->not_supported = calloc(1, length + 1))) return bad(st, "notSupported", "out of memory");
+    strcpy(gpu->not_supported, "\n");
+    for (const json *n = unsupported->child; n; n = n->next) {
+        strcat(gpu->not_supported, n->string);
+        strcat(gpu->not_supported, "\n");
+    }
+    return 1;
+}
+
+static int read_node(parse_state *st, const json *doc, sim_node *node) {
+    unsigned format, cuda;
+    const json *gpus = get_array(st, doc, "gpus", SIM_MAX_GPUS);
+    if (!gpus || !get_u(st, doc, "format", &format)) return 0;
+    if (format != 1) return bad(st, "format", "is not 1 (rendered by another deviceplugin release)");
+    if (!get_str(st, doc, "driverVersion", node->driver_version, sizeof node->driver_version) ||
+        !get_str(st, doc, "nvmlVersion", node->nvml_version, sizeof node->nvml_version) ||
+        !get_u(st, doc, "cudaDriverVersion", &cuda))
+        return 0;
+    node->cuda_driver_version = (int)cuda;
+    node->gpu_count = (unsigned)json_length(gpus);
+    unsigned position = 0;
+    for (const json *g = gpus->child; g; g = g->next, position++) {
+        /* Place each GPU at its NVML index. */
+        const json *index = json_get(g, "index");
+        unsigned slot = (index && index->kind == JSON_NUMBER && index->integer >= 0 &&
+                         index->integer < (long long)node->gpu_count) ? (unsigned)index->integer : position;
+        snprintf(st->where, sizeof st->where, "gpus[%u].", position);
+        if (node->gpus[slot].uuid[0]) return bad(st, "index", "is used twice");
+        if (!read_gpu(st, g, &node->gpus[slot], node->gpu_count)) return 0;
+    }
+    return 1;
+}
+
+static nvmlReturn_t node_from_file(const char *path, sim_node **out) {
+    FILE *file = fopen(path, "rb");
+    if (!file) {
+        sim_complain("cannot read the node file %s: %s (write it with `deviceplugin sim-root NODE DIR`)",
+                     path, strerror(errno));
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    char *text = malloc(MAX_NODE_BYTES);
+    size_t length = text ? fread(text, 1, MAX_NODE_BYTES, file) : 0;
+    fclose(file);
+    if (!text || length == MAX_NODE_BYTES) {
+        free(text);
+        sim_complain("the node file %s is too big or memory ran out", path);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    parse_state st = {{0}, {0}};
+    json *doc = json_parse(text, length, st.error, sizeof st.error);
+    free(text);
+    sim_node *node = doc ? calloc(1, sizeof *node) : NULL;
+    int ok = node && read_node(&st, doc, node);
+    json_free(doc);
+    if (!ok) {
+        if (node) for (unsigned i = 0; i < SIM_MAX_GPUS; i++) free(node->gpus[i].not_supported);
+        free(node);
+        sim_complain("the node file %s is malformed: %s", path, st.error[0] ? st.error : "out of memory");
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    *out = node;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t sim_load(void) {
+    if (sim_current) return NVML_SUCCESS;
+    char node_path[PATH_MAX];
+    if (!default_path(node_path, sizeof node_path, "DEVICEPLUGIN_SIM_NODE", "/" NODE_FILE) ||
+        !default_path(events_path, sizeof events_path, "DEVICEPLUGIN_SIM_EVENTS", EVENTS_FROM_LIBRARY)) {
+        sim_complain("cannot tell where this library lies; set DEVICEPLUGIN_SIM_NODE and DEVICEPLUGIN_SIM_EVENTS");
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    sim_node *node;
+    nvmlReturn_t result = node_from_file(node_path, &node);
+    if (result != NVML_SUCCESS) return result;
+    if ((result = sim_events_open()) != NVML_SUCCESS) {
+        for (unsigned i = 0; i < SIM_MAX_GPUS; i++) free(node->gpus[i].not_supported);
+        free(node);
+        return result;
+    }
+    sim_current = node;
+    return NVML_SUCCESS;
+}
+
+/* --- handles ---------------------------------------------------------------------------------- */
+
+nvmlReturn_t sim_enter(void) {
+    if (sim_init_count == 0) return NVML_ERROR_UNINITIALIZED;
+    sim_events_pump();
+    return NVML_SUCCESS;
+}
+
+static int unsupported(const sim_gpu *gpu, const char *call) {
+    char needle[160];
+    if (!call || snprintf(needle, sizeof needle, "\n%s\n", call) >= (int)sizeof needle) return 0;
+    return strstr(gpu->not_supported, needle) != NULL;
+}
+
+nvmlReturn_t sim_device(nvmlDevice_t handle, const char *call, sim_gpu **gpu, sim_mig **mig) {
+    nvmlReturn_t result = sim_enter();
+    if (result != NVML_SUCCESS) return result;
+    const char *address = (const char *)handle;
+    for (unsigned i = 0; i < sim_current->gpu_count; i++) {
+        sim_gpu *g = &sim_current->gpus[i];
+        sim_mig *m = NULL;
+        if (address != (const char *)g) {
+            if (address < (const char *)g->migs || address >= (const char *)(g->migs + g->mig_count))
+                continue;
+            size_t offset = (size_t)(address - (const char *)g->migs);
+            if (offset % sizeof(sim_mig) != 0) return NVML_ERROR_INVALID_ARGUMENT;
+            m = &g->migs[offset / sizeof(sim_mig)];
+        }
+        if (g->lost) return NVML_ERROR_GPU_IS_LOST;
+        if (unsupported(g, call)) return NVML_ERROR_NOT_SUPPORTED;
+        *gpu = g;
+        if (mig) *mig = m;
+        else if (m) return NVML_ERROR_INVALID_ARGUMENT;
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t sim_whole_gpu(nvmlDevice_t handle, const char *call, sim_gpu **gpu) {
+    return sim_device(handle, call, gpu, NULL);
+}
+
+sim_mig *sim_find_gi(sim_gpu *gpu, unsigned gi_id) {
+    for (unsigned i = 0; i < gpu->mig_count; i++)
+        if (gpu->migs[i].gi_id == gi_id) return &gpu->migs[i];
+    return NULL;
+}
+
+/* The MIG device whose `member` (gpu_instance or compute_instance) is at `address`. */
+static nvmlReturn_t instance(const void *address, size_t member, const char *call, sim_mig **out) {
+    nvmlReturn_t result = sim_enter();
+    if (result != NVML_SUCCESS) return result;
+    for (unsigned i = 0; i < sim_current->gpu_count; i++) {
+        sim_gpu *g = &sim_current->gpus[i];
+        for (unsigned j = 0; j < g->mig_count; j++) {
+            if ((const char *)&g->migs[j] + member != address) continue;
+            if (g->lost) return NVML_ERROR_GPU_IS_LOST;
+            if (unsupported(g, call)) return NVML_ERROR_NOT_SUPPORTED;
+            *out = &g->migs[j];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t sim_gpu_instance(nvmlGpuInstance_t handle, const char *call, sim_mig **mig) {
+    return instance(handle, offsetof(sim_mig, gpu_instance), call, mig);
+}
+
+nvmlReturn_t sim_compute_instance(nvmlComputeInstance_t handle, const char *call, sim_mig **mig) {
+    return instance(handle, offsetof(sim_mig, compute_instance), call, mig);
+}
+
+void sim_copy(char *out, unsigned length, const char *text, nvmlReturn_t *result) {
+    if (!out) { *result = NVML_ERROR_INVALID_ARGUMENT; return; }
+    size_t n = strlen(text);
+    if (length <= n) { *result = NVML_ERROR_INSUFFICIENT_SIZE; return; }
+    memcpy(out, text, n + 1);
+    *result = NVML_SUCCESS;
+}
