@@ -397,6 +397,26 @@ def test_handles_of_each_kind_are_told_apart(a100: Path) -> None:
     nvml.shutdown()
 
 
+def test_a_freed_event_sets_handle_is_never_a_later_sets(a100: Path) -> None:
+    """Handles are addresses: a freed set's must not come back as a later set's, or a stale
+    handle would wait on someone else's events instead of being refused."""
+    nvml = opened(a100)
+
+    def address(handle: Any) -> int:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+    freed = [pynvml.nvmlEventSetCreate() for _ in range(32)]
+    for handle in freed:
+        pynvml.nvmlEventSetFree(handle)
+    later = [pynvml.nvmlEventSetCreate() for _ in range(32)]
+    assert not {address(h) for h in freed} & {address(h) for h in later}
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlEventSetWait_v2(freed[0], 0)
+    for handle in later:
+        pynvml.nvmlEventSetFree(handle)
+    nvml.shutdown()
+
+
 def test_a_program_finds_it_on_its_library_path_with_no_other_setting(a100: Path) -> None:
     """Plain nvidia-ml-py, loading `libnvidia-ml.so.1` by soname as it always does, finds the
     simulated node through LD_LIBRARY_PATH alone: the library locates its node itself."""

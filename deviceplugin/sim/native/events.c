@@ -40,6 +40,9 @@ struct nvmlEventSet_st {
 };
 
 static struct nvmlEventSet_st *live_sets;
+/* Freed sets keep their memory, so a new set never gets a freed one's address and a stale
+ * handle is refused instead of reaching the new set. */
+static struct nvmlEventSet_st *retired_sets;
 static long long offset = -1;
 static char partial[MAX_LINE];
 static size_t partial_length;
@@ -217,8 +220,11 @@ static struct nvmlEventSet_st *find_set(nvmlEventSet_t handle) {
 
 static void destroy(struct nvmlEventSet_st *set) {
     for (event *e = set->head, *next; e; e = next) { next = e->next; free(e); }
+    set->head = set->tail = NULL;
     if (set->watch >= 0) close(set->watch);
-    free(set);
+    set->watch = -1;
+    set->next = retired_sets;
+    retired_sets = set;
 }
 
 /* An inotify descriptor on the folder of the events file (of its target, when it is a link). */
