@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import cdi, dra, preferred, scenarios
+from bench import cdi, dra, preferred, process, scenarios
 from bench.report import Figure, table, write_json
 
 RESULTS = Path(__file__).parent / "results.json"
@@ -63,6 +63,7 @@ def main() -> int:
     began = time.monotonic()
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     root = Path(tempfile.mkdtemp(prefix="dpb"))
+    process.compile_sources()
     try:
         figures = asyncio.run(_measure(root))
     finally:

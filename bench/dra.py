@@ -164,7 +164,7 @@ def _claim(name: str, device: str) -> dict[str, object]:
     }
 
 
-def _kubeconfig(path: Path, url: str) -> Path:
+def write_kubeconfig(path: Path, url: str) -> Path:
     cluster = {"name": "stand-in", "cluster": {"server": url}}
     context = {"name": "here", "context": {"cluster": "stand-in", "user": "driver"}}
     config = {
@@ -188,7 +188,7 @@ async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
         simulate=PREPARE_PRESET,
         cdi_spec_dir=root / "cdi",
         kubelet_root=root / "kubelet",
-        kubeconfig=str(_kubeconfig(root / "kubeconfig", server.url)),
+        kubeconfig=str(write_kubeconfig(root / "kubeconfig", server.url)),
         node_name=NODE,
     )
     driver = DraDriver(settings)

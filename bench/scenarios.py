@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from bench import process
+from bench import drastart, process
 from bench.echo import register, write_answers
 from bench.nodes import MIG_RESOURCE, NodeSetup, default_node, large_node, swap_replicas
 from bench.report import Figure, median, p99
@@ -37,6 +37,10 @@ PREFERRED_SIZE = 8
 TIMEOUT = 30.0  # only a broken plugin takes this long; a slow one is a "miss", not an error
 ECHO_RESOURCE = "bench.example/echo"
 MIB = 1024 * 1024
+START_TARGET = 1.5  # exec → registered, times the echo's of the same run
+RSS_TARGET = 45.0  # MiB, idle and after the Allocates: the echo's 38 MiB plus 7 on a quiet machine
+RSS_OVER_ECHO = 7.0  # MiB over the echo's RSS of the same run, the same goal on any machine
+ALLOCATE_TARGET = 1.1  # Allocate median, times the echo's
 
 
 class BenchError(Exception):
@@ -218,11 +222,13 @@ async def echo_start_to_registered(root: Path) -> list[float]:
 
 
 async def startup(root: Path) -> list[Figure]:
-    """Fork → registered on the preset and on the large node, against the echo's."""
+    """Fork → registered on the preset and on the large node, and `dra serve`'s fork →
+    slices published on the preset, against the echo's fork → registered."""
     floor = median(await echo_start_to_registered(root))
     label = "echo process start → registered"
     default = await start_to_registered(root, "start", default_node)
     large = await start_to_registered(root, "large", large_node)
+    published, dra_rss = await drastart.start_to_published(root, REPEATS)
     return [
         Figure(
             "start → every resource registered (a100-80gb-x8-mixed, 36 IDs)",
@@ -234,6 +240,12 @@ async def startup(root: Path) -> list[Figure]:
             samples=default,
         ),
         Figure(
+            "start → registered ÷ echo start → registered",
+            median(default) / floor,
+            "x",
+            target=START_TARGET,
+        ),
+        Figure(
             "1,792 IDs: start → registered",
             median(large),
             "s",
@@ -242,6 +254,16 @@ async def startup(root: Path) -> list[Figure]:
             baseline_label=label,
             samples=large,
         ),
+        Figure(
+            "dra serve: start → slices published (a100-80gb-x8-mixed, 32 devices)",
+            median(published),
+            "s",
+            baseline=floor,
+            baseline_label=label,
+            samples=published,
+        ),
+        Figure("dra serve: start → slices published ÷ echo", median(published) / floor, "x"),
+        Figure("dra serve: RSS idle after publishing", dra_rss / MIB, "MiB"),
     ]
 
 
@@ -285,7 +307,15 @@ async def _idle(run: Run, echo: process.Child) -> list[Figure]:
             baseline=echo_used,
             baseline_label="echo, same window",
         ),
-        Figure("RSS idle after registration", rss, "MiB", baseline=echo_rss, baseline_label="echo"),
+        Figure(
+            "RSS idle after registration",
+            rss,
+            "MiB",
+            target=RSS_TARGET,
+            baseline=echo_rss,
+            baseline_label="echo",
+        ),
+        Figure("RSS idle over the echo's", rss - echo_rss, "MiB", target=RSS_OVER_ECHO),
     ]
 
 
@@ -333,15 +363,26 @@ async def _allocate(
             baseline_label="echo",
         ),
         Figure("Allocate p99", p99(ours), "ms", baseline=p99(base), baseline_label="echo"),
-        Figure("Allocate median ÷ echo median", median(ours) / median(base), "x", target=1.3),
+        Figure(
+            "Allocate median ÷ echo median",
+            median(ours) / median(base),
+            "x",
+            target=ALLOCATE_TARGET,
+        ),
         Figure("Allocate p99 ÷ echo p99", p99(ours) / p99(base), "x"),
         Figure(
             f"RSS after {ALLOCATES:,} Allocates (+{WARMUP} warm-up)",
             rss,
             "MiB",
-            target=60.0,
+            target=RSS_TARGET,
             baseline=echo_rss,
             baseline_label="echo, same calls",
+        ),
+        Figure(
+            f"RSS after {ALLOCATES:,} Allocates over the echo's",
+            rss - echo_rss,
+            "MiB",
+            target=RSS_OVER_ECHO,
         ),
     ]
 

@@ -62,7 +62,13 @@ def _run(settings: Settings) -> int:
 
 
 # What each optional dependency is installed with (pyproject's extras).
-EXTRAS = {"kubernetes_asyncio": "dra", "aiohttp": "dra", "cel_expr_python": "cel"}
+EXTRAS = {
+    "kubernetes_asyncio": "dra",
+    "aiohttp": "dra",
+    "pydantic": "dra",
+    "pydantic_core": "dra",
+    "cel_expr_python": "cel",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,7 +19,6 @@ force meanwhile.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable
@@ -91,7 +90,7 @@ class ConfigFile:
             return Content(text)
         if text == self._in_force:  # back to the config in force: nothing is wrong any more
             self._clear_refusal()
-        self._metrics.config_reloads.labels("unchanged").inc()
+        self._metrics.config_reloaded("unchanged")
         return None
 
     def adopt(self, parsed: ParsedConfig, text: str | None, reloaded: bool = True) -> None:
@@ -103,15 +102,15 @@ class ConfigFile:
             log_event(logger, "config.warning", logging.WARNING, detail=warning)
         log_event(logger, "config.applied", source=self.path or "defaults", **logged(parsed))
         if reloaded:
-            self._metrics.config_reloads.labels("applied").inc()
+            self._metrics.config_reloaded("applied")
 
     def reject(self, trigger: str, exc: Exception, text: str | None) -> None:
         """`text` is refused for `exc`: judged again only once it changes, or when forced."""
         self._refused = text
         self.last_error = str(exc)
         self.last_error_field = exc.path if isinstance(exc, ConfigError) else ""
-        self._metrics.config_reloads.labels("rejected").inc()
-        self._metrics.config_last_reload_successful.set(0)
+        self._metrics.config_reloaded("rejected")
+        self._metrics.config_in_force(False)
         log_event(
             logger,
             "config.rejected",
@@ -126,14 +125,16 @@ class ConfigFile:
     def _clear_refusal(self) -> None:
         """The content in force is the file's latest: nothing is wrong with the config."""
         self._refused = self.last_error = self.last_error_field = None
-        self._metrics.config_last_reload_successful.set(1)
+        self._metrics.config_in_force(True)
 
 
 def logged(parsed: ParsedConfig) -> dict[str, Any]:
     """The `config.applied` fields: the effective config, or its size and digest if large."""
-    config = parsed.config.model_dump(mode="json", by_alias=True)
+    config = parsed.config.dump()
     text = json.dumps(config, sort_keys=True, separators=(",", ":"))
     if len(text) <= LOGGED_CONFIG_LIMIT:
         return {"config": config}
+    import hashlib  # only for a large config: OpenSSL's hashes cost 0.7 MiB
+
     digest = hashlib.sha256(text.encode()).hexdigest()
     return {"config_bytes": len(text), "config_sha256": digest}

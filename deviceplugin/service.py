@@ -16,15 +16,14 @@ from typing import TYPE_CHECKING
 
 from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
-from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
 from deviceplugin.model.log import log_event
-from deviceplugin.ops.http import HttpServer
-from deviceplugin.ops.metrics import Metrics
+from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.supervisor import Supervisor
 from deviceplugin.watch import Watchers
 
 if TYPE_CHECKING:
     from deviceplugin.nodeagent import NodeAgent
+    from deviceplugin.ops.http import HttpServer
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +46,10 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
     loop = asyncio.get_running_loop()
     settings = supervisor.settings
     if http is None and settings.http_address:
+        # The HTTP stack and the pod-resources client only for a plugin that serves HTTP.
+        from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
+        from deviceplugin.ops.http import HttpServer
+
         http = HttpServer(
             settings.http_address,
             supervisor,
@@ -109,7 +112,7 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
 async def serve(settings: Settings) -> None:
     """The `serve` command: run until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
-    supervisor = Supervisor(settings, Metrics())
+    supervisor = Supervisor(settings, Metrics() if settings.http_address else NoMetrics())
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, supervisor.request_stop)
     loop.add_signal_handler(

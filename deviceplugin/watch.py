@@ -11,8 +11,9 @@ Two kinds of watch, each on DIRECTORIES:
   events missed, so the watch never stops silently.
 - the kubelet directory: `kubelet.sock` created anew, or one of our sockets deleted (the kubelet
   deletes plugin sockets when it starts), schedules a kubelet-restart check.
-Observer threads never touch state: they post to the event loop with call_soon_threadsafe, and
-bursts of events collapse into one trigger.
+Every watch of a plugin shares one inotify descriptor that the event loop reads
+(`node.inotify`): no thread per watched directory, events handled on the loop, and bursts of
+events collapse into one trigger.
 """
 
 from __future__ import annotations
@@ -26,19 +27,14 @@ from collections.abc import Callable, Coroutine, Set
 from pathlib import Path
 from typing import Any
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
-from watchdog.observers.api import BaseObserver, ObservedWatch
-
 from deviceplugin.background import spawn
 from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.log import log_event
+from deviceplugin.node.inotify import DirectoryEvent, DirectoryWatch, DirectoryWatches
 
 logger = logging.getLogger(__name__)
 
 Trigger = Callable[[], Coroutine[Any, Any, Any]]
-# Events that change what is on disk; opening or reading a file (as every reload does) is not one.
-CHANGES = frozenset({"created", "modified", "moved", "deleted", "closed"})
 CONFIG_CHECK_SECONDS = 5.0  # how often the config file is stat'ed, whatever the events say
 _MAX_LINKS = 40  # symlinks followed from the config path, as the kernel's limit
 
@@ -52,11 +48,8 @@ class Debounced:
         self._delay = delay
         self._pending: asyncio.TimerHandle | None = None
 
-    def fire_threadsafe(self) -> None:
-        """Callable from any thread."""
-        self._loop.call_soon_threadsafe(self._arm)
-
-    def _arm(self) -> None:
+    def fire(self) -> None:
+        """Call on the loop."""
         if self._pending is not None:
             self._pending.cancel()
         self._pending = self._loop.call_later(self._delay, self._run)
@@ -66,19 +59,16 @@ class Debounced:
         spawn(self._action(), "file watch")
 
 
-class _Handler(FileSystemEventHandler):
-    def __init__(self, wanted: Callable[[FileSystemEvent], bool], fire: Callable[[], None]) -> None:
-        self._wanted = wanted
-        self._fire = fire
+def _when(
+    wanted: Callable[[DirectoryEvent], bool], fire: Callable[[], None]
+) -> Callable[[DirectoryEvent], None]:
+    """A watch handler that fires on the events `wanted` says matter."""
 
-    def on_any_event(self, event: FileSystemEvent) -> None:
-        if self._wanted(event):
-            self._fire()
+    def handle(event: DirectoryEvent) -> None:
+        if wanted(event):
+            fire()
 
-
-def _names(event: FileSystemEvent) -> set[str]:
-    paths = {event.src_path, getattr(event, "dest_path", "") or ""}
-    return {os.path.basename(os.fsdecode(p)) for p in paths if p}
+    return handle
 
 
 def _identity(directory: str) -> tuple[int, int] | None:
@@ -143,20 +133,20 @@ class ConfigWatch:
 
     def __init__(
         self,
-        observer: BaseObserver,
+        watches: DirectoryWatches,
         loop: asyncio.AbstractEventLoop,
         path: Path | Callable[[], Path],
         on_change: Trigger,
         delay: float,
     ) -> None:
-        self._observer = observer
+        self._directories = watches
         self._loop = loop
         self._path = path if callable(path) else lambda: path
         self._on_change = on_change
         self._debounced = Debounced(loop, self._changed, delay)
         self._lock = threading.Lock()  # re-arming runs on worker threads, one at a time
-        self._watches: dict[str, tuple[ObservedWatch, tuple[int, int]]] = {}
-        self._relevant: dict[str, frozenset[str]] = {}  # replaced whole; read by observer threads
+        self._watches: dict[str, tuple[DirectoryWatch, tuple[int, int]]] = {}
+        self._relevant: dict[str, frozenset[str]] = {}  # replaced whole; read by watch handlers
         self._fingerprint: tuple[object, ...] = ()
         self._lost = False
         self._poller: asyncio.Task[None] | None = None
@@ -199,8 +189,7 @@ class ConfigWatch:
                 watch, identity = self._watches[directory]
                 if directory not in wanted or _identity(directory) != identity:
                     del self._watches[directory]
-                    with contextlib.suppress(KeyError, OSError):
-                        self._observer.unschedule(watch)
+                    self._directories.remove(watch)
             for directory in wanted:
                 if directory not in self._watches:
                     self._schedule(directory)
@@ -214,17 +203,13 @@ class ConfigWatch:
         if identity is None:  # gone again already; the next look retries
             return
 
-        def wanted(event: FileSystemEvent) -> bool:
-            if event.event_type not in CHANGES:
-                return False
-            if os.fsdecode(event.src_path) == directory:  # the directory itself went
+        def wanted(event: DirectoryEvent) -> bool:
+            if event.kind == "lost" or not event.name:  # events dropped, or the directory went
                 return True
-            return bool(_names(event) & self._relevant.get(directory, frozenset()))
+            return event.name in self._relevant.get(directory, frozenset())
 
         try:
-            watch = self._observer.schedule(
-                _Handler(wanted, self._debounced.fire_threadsafe), directory
-            )
+            watch = self._directories.add(directory, _when(wanted, self._debounced.fire))
         except OSError as exc:
             log_event(
                 logger,
@@ -256,12 +241,17 @@ class ConfigWatch:
 
 
 class Watchers:
-    """The config-file and kubelet-directory watches of one running plugin."""
+    """The config-file and kubelet-directory watches of one running plugin, on one inotify
+    descriptor read by the loop given to the first watch."""
 
     def __init__(self) -> None:
-        self._observer = Observer()
-        self._started = False
+        self._directories: DirectoryWatches | None = None
         self._config: ConfigWatch | None = None
+
+    def _on(self, loop: asyncio.AbstractEventLoop) -> DirectoryWatches:
+        if self._directories is None:
+            self._directories = DirectoryWatches(loop)
+        return self._directories
 
     def watch_config(
         self,
@@ -273,7 +263,7 @@ class Watchers:
     ) -> None:
         """Reload when the config file may have changed (see `ConfigWatch`); `config_file` may
         be a function, for a file chosen anew as the node's label changes. Call on the loop."""
-        self._config = ConfigWatch(self._observer, loop, config_file, on_change, delay)
+        self._config = ConfigWatch(self._on(loop), loop, config_file, on_change, delay)
         self._config.start(check_every)
         log_event(
             logger,
@@ -293,24 +283,25 @@ class Watchers:
         """Check the kubelet when kubelet.sock appears or goes, or one of our sockets goes."""
         debounced = Debounced(loop, on_change, delay)
 
-        def wanted(event: FileSystemEvent) -> bool:
-            names = _names(event)
-            if KUBELET_SOCKET in names and event.event_type in ("created", "moved", "deleted"):
+        def wanted(event: DirectoryEvent) -> bool:
+            if event.kind == "lost":
                 return True
-            return event.event_type in ("deleted", "moved") and bool(names & our_sockets())
+            if event.name == KUBELET_SOCKET and event.kind in ("created", "moved", "deleted"):
+                return True
+            return event.kind in ("deleted", "moved") and event.name in our_sockets()
 
         kubelet_dir.mkdir(parents=True, exist_ok=True)
-        self._observer.schedule(_Handler(wanted, debounced.fire_threadsafe), str(kubelet_dir))
+        self._on(loop).add(str(kubelet_dir), _when(wanted, debounced.fire))
         log_event(logger, "watch.kubelet", directory=str(kubelet_dir))
 
     def start(self) -> None:
-        self._observer.start()
-        self._started = True
+        """Start handling events. Call on the loop."""
+        if self._directories is not None:
+            self._directories.start()
 
     def stop(self) -> None:
+        """Stop every watch; callable from any thread."""
         if self._config is not None:
             self._config.stop()
-        if self._started:
-            self._observer.stop()
-            self._observer.join(timeout=2)
-            self._started = False
+        if self._directories is not None:
+            self._directories.close()

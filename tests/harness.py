@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -129,3 +130,12 @@ async def running_plugin(
 def run(coro: Any) -> Any:
     """Run one async test body in a fresh loop."""
     return asyncio.run(coro)
+
+
+def inotify_descriptors() -> int:
+    """How many inotify descriptors this process holds open."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone already
+            count += "inotify" in os.readlink(f"/proc/self/fd/{name}")
+    return count

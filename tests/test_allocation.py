@@ -6,6 +6,7 @@ are meant to be imported by the over-the-socket tests, so both layers pin the sa
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +26,7 @@ from deviceplugin.model.allocation import (
     container_response,
     validate_request,
 )
-from deviceplugin.model.config import Config
+from deviceplugin.model.config import Config, parse_config
 from deviceplugin.model.devices import Device, Health, MigDevice
 from deviceplugin.model.errors import AllocationError, ConfigError
 from deviceplugin.model.hostpaths import parse_mig_minors
@@ -142,7 +143,7 @@ class Case:
 
     def config(self, root: Path) -> Config:
         """The config (file keys, as a user writes them) that serves this case from `root`."""
-        return Config.model_validate(
+        return _config(
             {
                 "flags": {
                     "nvidiaDriverRoot": str(root),
@@ -324,7 +325,7 @@ def test_host_paths_are_normalised_and_under_the_dev_root(tmp_path: Path) -> Non
     (dev_root / "dev").mkdir(parents=True)
     (tmp_path / "driver").mkdir()
     (dev_root / "dev/nvidia-modeset").touch()
-    config = Config.model_validate(
+    config = _config(
         {
             "flags": {
                 "nvidiaDriverRoot": str(tmp_path / "driver"),
@@ -470,7 +471,7 @@ def test_options_from_default_config() -> None:
 
 
 def test_options_count_a_repeated_strategy_once() -> None:
-    config = Config.model_validate(
+    config = _config(
         {"flags": {"plugin": {"deviceListStrategy": ["envvar", "volume-mounts", "envvar"]}}}
     )
     options = AllocateOptions.from_config(config)
@@ -686,3 +687,8 @@ def test_two_mig_resources_in_one_container(
     caps = {s.container_path for s in merged.device_specs if "nvidia-caps" in s.container_path}
     expected_caps = {f"/dev/nvidia-caps/nvidia-cap{n}" for n in (30, 31, 50, 51)}
     assert caps == (set() if options.cdi_only else expected_caps)
+
+
+def _config(document: dict[str, Any]) -> Config:
+    """A config as a file holding `document` gives it."""
+    return parse_config(json.dumps(document)).config

@@ -27,7 +27,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 }
 # The DRA driver's entry points (serve, explain, demo) compose like the top-level modules do.
 DRA_COMPOSITION = ("dra.service", "dra.explain", "dra.demo")
-IO_LIBRARIES = ("pynvml", "grpc", "watchdog", "prometheus_client", "socket", "subprocess")
+IO_LIBRARIES = ("pynvml", "grpc", "prometheus_client", "socket", "subprocess", "ctypes")
 
 
 def is_generated(relative: Path) -> bool:

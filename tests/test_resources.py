@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from deviceplugin.model.config import Config
+from deviceplugin.model.config import Config, parse_config
 from deviceplugin.model.devices import Gpu, Health, Inventory, MigDevice
 from deviceplugin.model.errors import ConfigError, DiscoveryError
 from deviceplugin.model.resources import apply_health, build_plan, socket_name
@@ -50,7 +51,7 @@ def node(*gpus: Gpu) -> Inventory:
 
 
 def config(**raw: Any) -> Config:
-    return Config.model_validate(raw)
+    return _config(raw)
 
 
 SEED = {
@@ -360,3 +361,8 @@ def test_two_resources_on_one_socket_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"nvidia-gpu\.sock") as caught:
         build_plan(node(gpu(0), gpu(1)), config(**raw))
     assert caught.value.path == "sharing.timeSlicing.resources[0].rename"
+
+
+def _config(document: dict[str, Any]) -> Config:
+    """A config as a file holding `document` gives it."""
+    return parse_config(json.dumps(document)).config

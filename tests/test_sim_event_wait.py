@@ -3,26 +3,17 @@ without leaking a descriptor; polling where the directory cannot be watched."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from harness import inotify_descriptors
 from simnode import SimNode, gpu, gpu_uuid, python_only
 
 from deviceplugin.sim import events as sim_events
 
 pytestmark = pytest.mark.usefixtures("nvml_backend")
-
-
-def _inotify_fds() -> int:
-    count = 0
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            count += "inotify" in os.readlink(f"/proc/self/fd/{name}")
-    return count
 
 
 def _wait_for_append(node: SimNode, timeout_ms: int) -> tuple[object, float]:
@@ -53,13 +44,13 @@ def test_an_idle_wait_costs_almost_no_cpu(tmp_path: Path) -> None:
 
 
 def test_freeing_the_last_set_closes_the_watch(tmp_path: Path) -> None:
-    before = _inotify_fds()
+    before = inotify_descriptors()
     node = SimNode(tmp_path, [gpu(0)])
     event_set, _ = node.nvml.event_set([gpu_uuid(0)])
     assert event_set.wait(1) is None
-    assert _inotify_fds() == before + 1
+    assert inotify_descriptors() == before + 1
     event_set.close()
-    assert _inotify_fds() == before
+    assert inotify_descriptors() == before
 
 
 def test_without_inotify_the_wait_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

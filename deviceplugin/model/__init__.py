@@ -5,5 +5,5 @@ allocation answers, topology, packing, the Xid policy, the exception tree and th
 log vocabulary. Nothing here touches NVML, gRPC, sockets or watched files, so every rule of
 the plugin can be tested as a table.
 
-May import: the standard library, pydantic and PyYAML. Nothing else of the package.
+May import: the standard library and PyYAML. Nothing else of the package.
 """

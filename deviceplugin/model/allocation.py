@@ -13,7 +13,6 @@ and the CDI strategies give every device its own key and do not collide; see doc
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -231,6 +230,8 @@ def _cdi_annotation_key(prefix: str, cdi_names: Sequence[str]) -> str:
     equal values (so the kubelet's first-wins merge by key never drops a device), and the same
     request always gets the same response (kubelet checkpoint, tests). 16 hex digits keep the
     name part at 37 characters, within the 63 allowed."""
+    import hashlib  # here: OpenSSL's hashes cost 0.7 MiB, and only CDI annotations use one
+
     digest = hashlib.sha256(",".join(cdi_names).encode()).hexdigest()[:16]
     return f"{prefix}{CDI_ANNOTATION_NAME}_{digest}"
 

@@ -1,11 +1,13 @@
-"""The v1 config file (the reference plugin's schema) as pydantic models, validated with field
+"""The v1 config file (the reference plugin's schema) as frozen dataclasses, validated with field
 paths, merged with flags and environment (flag > env > file > default).
 
 A document is read as JSON or YAML, its keys are checked against every key the reference defines
 (`config_keys`), and what remains is validated strictly: `"2"` is not a number and `"true"` is not
 a boolean, as when the reference decodes the file as JSON. Every error is a `ConfigError` whose
 `path` names the first offending field (`sharing.timeSlicing.resources[0].replicas`) or, for a bad
-override, the flag or environment variable.
+override, the flag or environment variable. The models are read by `strict`: plain functions, so
+importing this module and reading a config at start-up cost about a millisecond, not the tenth
+of a second and 8 MiB a schema library took to build its validators.
 """
 
 from __future__ import annotations
@@ -14,10 +16,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import ErrorDetails, PydanticCustomError
+from typing import Any, Literal, TypeVar, get_args
 
 from deviceplugin.model.config_keys import ENV_OVERRIDES as ENV_OVERRIDES
 from deviceplugin.model.config_keys import (
@@ -33,6 +32,23 @@ from deviceplugin.model.config_keys import (
     scan_keys,
 )
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.strict import (
+    BAD,
+    Invalid,
+    Problem,
+    as_is,
+    before,
+    boolean,
+    checked,
+    dump,
+    field,
+    integer,
+    literal,
+    model,
+    nullable,
+    string,
+    tuple_of,
+)
 
 MigStrategy = Literal["none", "single", "mixed"]
 DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
@@ -40,11 +56,13 @@ DeviceIdStrategy = Literal["uuid", "index"]
 SharedDevicesAllocationPolicy = Literal["distributed", "packed"]
 
 MAX_REPLICAS = 1024  # beyond this a node's device list outgrows a ListAndWatch message
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_UINT = re.compile(r"[0-9]{1,20}")  # Go's strconv.ParseUint: ASCII digits, no sign, < 2**64
+# Patterns, compiled (and cached by `re`) when first matched.
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_UINT = r"[0-9]{1,20}"  # Go's strconv.ParseUint: ASCII digits, no sign, < 2**64
 _HEX_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 # The forms Go's uuid.Parse reads: canonical, 32 hex digits, urn:uuid: and braced
-_UUID = re.compile(rf"{_HEX_UUID}|[0-9a-fA-F]{{32}}|(?i:urn:uuid:){_HEX_UUID}|\{{{_HEX_UUID}\}}")
+_UUID = rf"{_HEX_UUID}|[0-9a-fA-F]{{32}}|(?i:urn:uuid:){_HEX_UUID}|\{{{_HEX_UUID}\}}"
+_LONE_SURROGATE = "[\ud800-\udfff]"
 _DEVICE_REF_FORMS = (
     "a GPU index (0), a MIG index (0:1), GPU-<uuid>, MIG-<uuid> or MIG-GPU-<uuid>/<gi>/<ci>"
 )
@@ -60,9 +78,9 @@ def qualify_resource_name(name: str) -> str:
         raise ValueError(f"{quote(full)} is longer than 63 characters")
     if "kubernetes.io/" in full:
         raise ValueError(f"'{full}': the kubernetes.io domain is reserved for Kubernetes")
-    if not _DNS_SUBDOMAIN.fullmatch(domain) or "/" in short:
+    if not re.fullmatch(_DNS_SUBDOMAIN, domain) or "/" in short:
         raise ValueError(f"'{full}' must be 'domain/name' with a lower-case DNS domain")
-    if not _DNS_SUBDOMAIN.fullmatch(short):
+    if not re.fullmatch(_DNS_SUBDOMAIN, short):
         raise ValueError(
             f"the name in '{full}' must be lower-case letters, digits, '-' and '.', "
             "starting and ending with a letter or digit"
@@ -75,97 +93,95 @@ def _is_uint(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
 
 
-def _error_at(subpath: str, message: str) -> PydanticCustomError:
-    """An error located `subpath` below the field or model whose validator raises it."""
-    return PydanticCustomError("config", message, {"subpath": subpath})
+_model = dataclass(frozen=True, kw_only=True)
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, frozen=True, extra="forbid")
+def _one_or_many(value: object) -> object:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list | tuple):
+        if not value:
+            raise ValueError("must name at least one strategy")
+        return tuple(value)
+    return value
 
 
-class PluginFlags(_Model):
+def _once_each(value: tuple[DeviceListStrategy, ...]) -> tuple[DeviceListStrategy, ...]:
+    if "cdi-annotations" in value and "cdi-cri" in value:
+        raise ValueError("cdi-annotations and cdi-cri pass the same CDI devices; choose one")
+    return tuple(dict.fromkeys(value))
+
+
+def _prefix(value: str) -> str:
+    if not value.endswith("/") or not re.fullmatch(_DNS_SUBDOMAIN, value[:-1]):
+        raise ValueError(
+            f"must be a DNS domain followed by '/', e.g. cdi.k8s.io/, got {quote(value)}"
+        )
+    return value
+
+
+@_model
+class PluginFlags:
     """`flags.plugin`: how allocated devices are handed to containers."""
 
-    pass_device_specs: bool = Field(default=False, alias="passDeviceSpecs")
-    device_list_strategy: tuple[DeviceListStrategy, ...] = Field(
-        default=("envvar",), alias="deviceListStrategy"
+    pass_device_specs: bool = field("passDeviceSpecs", boolean, False)
+    device_list_strategy: tuple[DeviceListStrategy, ...] = field(
+        "deviceListStrategy",
+        before(_one_or_many, checked(tuple_of(literal(*get_args(DeviceListStrategy))), _once_each)),
+        ("envvar",),
     )
-    device_id_strategy: DeviceIdStrategy = Field(default="uuid", alias="deviceIDStrategy")
-    cdi_annotation_prefix: str = Field(default="cdi.k8s.io/", alias="cdiAnnotationPrefix")
-    shared_devices_allocation_policy: SharedDevicesAllocationPolicy = Field(
-        default="distributed", alias="sharedDevicesAllocationPolicy"
+    device_id_strategy: DeviceIdStrategy = field(
+        "deviceIDStrategy", literal(*get_args(DeviceIdStrategy)), "uuid"
+    )
+    cdi_annotation_prefix: str = field(
+        "cdiAnnotationPrefix", checked(string, _prefix), "cdi.k8s.io/"
+    )
+    shared_devices_allocation_policy: SharedDevicesAllocationPolicy = field(
+        "sharedDevicesAllocationPolicy",
+        literal(*get_args(SharedDevicesAllocationPolicy)),
+        "distributed",
     )
 
-    @field_validator("device_list_strategy", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: object) -> object:
-        if isinstance(value, str):
-            return (value,)
-        if isinstance(value, list | tuple):
-            if not value:
-                raise ValueError("must name at least one strategy")
-            return tuple(value)
-        return value
 
-    @field_validator("device_list_strategy")
-    @classmethod
-    def _once_each(cls, value: tuple[DeviceListStrategy, ...]) -> tuple[DeviceListStrategy, ...]:
-        if "cdi-annotations" in value and "cdi-cri" in value:
-            raise ValueError("cdi-annotations and cdi-cri pass the same CDI devices; choose one")
-        return tuple(dict.fromkeys(value))
-
-    @field_validator("cdi_annotation_prefix")
-    @classmethod
-    def _prefix(cls, value: str) -> str:
-        if not value.endswith("/") or not _DNS_SUBDOMAIN.fullmatch(value[:-1]):
-            raise ValueError(
-                f"must be a DNS domain followed by '/', e.g. cdi.k8s.io/, got {quote(value)}"
-            )
-        return value
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path, got {quote(value)}")
+    if "\0" in value:
+        raise ValueError("must not contain a NUL character")
+    return value
 
 
-class Flags(_Model):
+@_model
+class Flags:
     """`flags`: MIG strategy, start-up behaviour and host paths."""
 
-    mig_strategy: MigStrategy = Field(default="none", alias="migStrategy")
-    fail_on_init_error: bool = Field(default=True, alias="failOnInitError")
-    nvidia_driver_root: str = Field(default="/", alias="nvidiaDriverRoot")
+    mig_strategy: MigStrategy = field("migStrategy", literal(*get_args(MigStrategy)), "none")
+    fail_on_init_error: bool = field("failOnInitError", boolean, True)
+    nvidia_driver_root: str = field("nvidiaDriverRoot", checked(string, _absolute), "/")
     # None: the same as nvidia_driver_root (see dev_root)
-    nvidia_dev_root: str | None = Field(default=None, alias="nvidiaDevRoot")
-    plugin: PluginFlags = PluginFlags()
-
-    @field_validator("nvidia_driver_root", "nvidia_dev_root")
-    @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
-            raise ValueError(f"must be an absolute path, got {quote(value)}")
-        if value is not None and "\0" in value:
-            raise ValueError("must not contain a NUL character")
-        return value
+    nvidia_dev_root: str | None = field("nvidiaDevRoot", nullable(checked(string, _absolute)), None)
+    plugin: PluginFlags = field("plugin", model(PluginFlags), PluginFlags())
 
     @property
     def dev_root(self) -> str:
         return self.nvidia_dev_root or self.nvidia_driver_root
 
 
-class ResourcePattern(_Model):
+def _not_empty(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty ('*' matches every device)")
+    return value
+
+
+_qualified = checked(string, qualify_resource_name)
+
+
+@_model
+class ResourcePattern:
     """One `resources.gpus` / `resources.mig` rule: devices matching the glob get `name`."""
 
-    pattern: str
-    name: str
-
-    @field_validator("pattern")
-    @classmethod
-    def _not_empty(cls, value: str) -> str:
-        if not value:
-            raise ValueError("must not be empty ('*' matches every device)")
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _qualified(cls, value: str) -> str:
-        return qualify_resource_name(value)
+    pattern: str = field(read=checked(string, _not_empty))
+    name: str = field(read=_qualified)
 
 
 def is_device_ref(text: str) -> bool:
@@ -177,107 +193,109 @@ def is_device_ref(text: str) -> bool:
     if colon and _uint(major) and _uint(minor):
         return True
     if text.startswith("GPU-"):
-        return _UUID.fullmatch(text[4:]) is not None
+        return _is_uuid(text[4:])
     if not text.startswith("MIG-"):
         return False
     suffix = text[4:]
-    if _UUID.fullmatch(suffix):
+    if _is_uuid(suffix):
         return True
     parts = suffix.split("/", 2)
     return (
         len(parts) == 3
         and parts[0].startswith("GPU-")
-        and _UUID.fullmatch(parts[0][4:]) is not None
+        and _is_uuid(parts[0][4:])
         and _uint(parts[1])
         and _uint(parts[2])
     )
 
 
 def _uint(text: str) -> bool:
-    return _UINT.fullmatch(text) is not None and int(text) < 2**64
+    return re.fullmatch(_UINT, text) is not None and int(text) < 2**64
 
 
-class ReplicatedResource(_Model):
+def _is_uuid(text: str) -> bool:
+    return re.fullmatch(_UUID, text) is not None
+
+
+def _device_refs(value: object) -> object:
+    if value == "all":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"a count of devices must be > 0, got {describe(value)}")
+        return value
+    if not isinstance(value, list | tuple):
+        raise ValueError(
+            "must be 'all', a count of devices, or a list of GPU indices or UUIDs, "
+            f"got {describe(value)}"
+        )
+    if not value:
+        raise ValueError("must list at least one device, or be 'all'")
+    refs: list[str] = []
+    for position, item in enumerate(value):
+        text = str(item) if _is_uint(item) else item
+        if not isinstance(text, str) or not is_device_ref(text):
+            raise Invalid(f"must be {_DEVICE_REF_FORMS}, got {describe(item)}", f"[{position}]")
+        refs.append(text)
+    return tuple(dict.fromkeys(refs))
+
+
+def _replicas(value: int) -> int:
+    if not 2 <= value <= MAX_REPLICAS:
+        bound = ">= 2" if value < 2 else f"<= {MAX_REPLICAS}"
+        raise ValueError(f"must be {bound}, got {describe(value)}")
+    return value
+
+
+@_model
+class ReplicatedResource:
     """One shared resource: which devices of `name` are advertised `replicas` times, under what."""
 
-    name: str  # fully qualified, e.g. nvidia.com/gpu (a short "gpu" is qualified on load)
-    rename: str | None = None
+    name: str = field(read=_qualified)  # fully qualified: a short "gpu" is qualified on load
+    rename: str | None = field(read=nullable(_qualified), default=None)
     # "all"; a count N (the first N devices, by index); or GPU/MIG indices and UUIDs as strings
-    devices: Literal["all"] | int | tuple[str, ...] = "all"
-    replicas: int
+    devices: Literal["all"] | int | tuple[str, ...] = field(
+        read=before(_device_refs, as_is), default="all"
+    )
+    replicas: int = field(read=checked(integer, _replicas))
 
-    @field_validator("name", "rename")
-    @classmethod
-    def _qualified(cls, value: str | None) -> str | None:
-        return None if value is None else qualify_resource_name(value)
 
-    @field_validator("devices", mode="before")
-    @classmethod
-    def _device_refs(cls, value: object) -> object:
-        if value == "all":
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            if value <= 0:
-                raise ValueError(f"a count of devices must be > 0, got {describe(value)}")
-            return value
-        if not isinstance(value, list | tuple):
-            raise ValueError(
-                "must be 'all', a count of devices, or a list of GPU indices or UUIDs, "
-                f"got {describe(value)}"
+def _each_once(value: tuple[ReplicatedResource, ...]) -> tuple[ReplicatedResource, ...]:
+    if not value:
+        raise ValueError("no resources specified: list at least one resource to share")
+    first: dict[str, int] = {}
+    for position, entry in enumerate(value):
+        if entry.name in first:
+            raise Invalid(
+                f"{entry.name} is already shared by resources[{first[entry.name]}]",
+                f"[{position}].name",
             )
-        if not value:
-            raise ValueError("must list at least one device, or be 'all'")
-        refs: list[str] = []
-        for position, item in enumerate(value):
-            text = str(item) if _is_uint(item) else item
-            if not isinstance(text, str) or not is_device_ref(text):
-                raise _error_at(
-                    f"[{position}]", f"must be {_DEVICE_REF_FORMS}, got {describe(item)}"
-                )
-            refs.append(text)
-        return tuple(dict.fromkeys(refs))
-
-    @field_validator("replicas")
-    @classmethod
-    def _replicas(cls, value: int) -> int:
-        if not 2 <= value <= MAX_REPLICAS:
-            bound = ">= 2" if value < 2 else f"<= {MAX_REPLICAS}"
-            raise ValueError(f"must be {bound}, got {describe(value)}")
-        return value
+        first[entry.name] = position
+    return value
 
 
-class TimeSlicing(_Model):
+@_model
+class TimeSlicing:
     """`sharing.timeSlicing`: resources whose devices are advertised several times each."""
 
-    rename_by_default: bool = Field(default=False, alias="renameByDefault")
-    fail_requests_greater_than_one: bool = Field(default=False, alias="failRequestsGreaterThanOne")
-    resources: tuple[ReplicatedResource, ...] = Field(default=(), validate_default=True)
+    rename_by_default: bool = field("renameByDefault", boolean, False)
+    fail_requests_greater_than_one: bool = field("failRequestsGreaterThanOne", boolean, False)
+    resources: tuple[ReplicatedResource, ...] = field(
+        read=checked(tuple_of(model(ReplicatedResource)), _each_once),
+        default=(),
+        check_default=True,
+    )
 
-    @field_validator("resources")
-    @classmethod
-    def _each_once(cls, value: tuple[ReplicatedResource, ...]) -> tuple[ReplicatedResource, ...]:
-        if not value:
-            raise ValueError("no resources specified: list at least one resource to share")
-        first: dict[str, int] = {}
-        for position, entry in enumerate(value):
-            if entry.name in first:
-                raise _error_at(
-                    f"[{position}].name",
-                    f"{entry.name} is already shared by resources[{first[entry.name]}]",
-                )
-            first[entry.name] = position
-        return value
-
-    @model_validator(mode="after")
-    def _distinct_targets(self) -> TimeSlicing:
+    def model_check(self) -> TimeSlicing:
+        """No two resources advertised under one name."""
         first: dict[str, int] = {}
         for position, entry in enumerate(self.resources):
             target = self.advertised_name(entry)
             if target in first:
                 field = "rename" if entry.rename else "name"
-                raise _error_at(
-                    f".resources[{position}].{field}",
+                raise Invalid(
                     f"{target} is already the advertised name of resources[{first[target]}]",
+                    f".resources[{position}].{field}",
                 )
             first[target] = position
         return self
@@ -289,52 +307,61 @@ class TimeSlicing(_Model):
         return f"{entry.name}.shared" if self.rename_by_default else entry.name
 
 
-class Sharing(_Model):
+@_model
+class Sharing:
     """`sharing`: only time-slicing is acted on (`sharing.mps` is read, warned about, ignored)."""
 
-    time_slicing: TimeSlicing | None = Field(default=None, alias="timeSlicing")
+    time_slicing: TimeSlicing | None = field("timeSlicing", nullable(model(TimeSlicing)), None)
 
 
-class Resources(_Model):
+@_model
+class Resources:
     """`resources`: renames for whole GPUs (matched on product name) and MIG profiles."""
 
-    gpus: tuple[ResourcePattern, ...] = ()
-    mig: tuple[ResourcePattern, ...] = ()
+    gpus: tuple[ResourcePattern, ...] = field(read=tuple_of(model(ResourcePattern)), default=())
+    mig: tuple[ResourcePattern, ...] = field(read=tuple_of(model(ResourcePattern)), default=())
 
 
-class Imex(_Model):
+def _zero_or_none(value: tuple[int, ...]) -> tuple[int, ...]:
+    if value not in ((), (0,)):
+        shown = ", ".join(describe(item) for item in value[:5])
+        more = ", ..." if len(value) > 5 else ""
+        raise ValueError(f"must be [] or [0] (channel 0 is the only one), got [{shown}{more}]")
+    return value
+
+
+@_model
+class Imex:
     """`imex`: read so that what the reference refuses at start-up is refused here too; IMEX
     channels are not injected."""
 
-    channel_ids: tuple[int, ...] = Field(default=(), alias="channelIDs")
-    required: bool = False
-
-    @field_validator("channel_ids")
-    @classmethod
-    def _zero_or_none(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if value not in ((), (0,)):
-            shown = ", ".join(describe(item) for item in value[:5])
-            more = ", ..." if len(value) > 5 else ""
-            raise ValueError(f"must be [] or [0] (channel 0 is the only one), got [{shown}{more}]")
-        return value
+    channel_ids: tuple[int, ...] = field(
+        "channelIDs", checked(tuple_of(integer), _zero_or_none), ()
+    )
+    required: bool = field(read=boolean, default=False)
 
 
-class Config(_Model):
+def _v1(value: object) -> object:
+    if value == "":
+        return "v1"
+    if isinstance(value, str) and value != "v1":
+        raise ValueError(f"unknown version {quote(value)}: only v1 is supported")
+    return value
+
+
+@_model
+class Config:
     """A whole v1 config; the defaults are those of an empty file."""
 
-    version: Literal["v1"] = "v1"
-    flags: Flags = Flags()
-    resources: Resources = Resources()
-    sharing: Sharing = Sharing()
+    version: Literal["v1"] = field(read=before(_v1, literal("v1")), default="v1")
+    flags: Flags = field(read=model(Flags), default=Flags())
+    resources: Resources = field(read=model(Resources), default=Resources())
+    sharing: Sharing = field(read=model(Sharing), default=Sharing())
 
-    @field_validator("version", mode="before")
-    @classmethod
-    def _v1(cls, value: object) -> object:
-        if value == "":
-            return "v1"
-        if isinstance(value, str) and value != "v1":
-            raise ValueError(f"unknown version {quote(value)}: only v1 is supported")
-        return value
+    def dump(self) -> dict[str, Any]:
+        """The config as a document with the file's keys: logged and shown on /status."""
+        document: dict[str, Any] = dump(self)
+        return document
 
 
 @dataclass(frozen=True)
@@ -456,55 +483,45 @@ def _check_unused(unused: Mapping[str, object], config: Config) -> None:
             )
 
 
-_M = TypeVar("_M", bound=BaseModel)
+_M = TypeVar("_M")
 
 
-def _validate(model: type[_M], data: object, prefix: str, labels: Mapping[str, str]) -> _M:
-    # Validated as JSON in strict mode: no '2' -> 2 or 'yes' -> True coercion, lists fill tuples.
-    try:
-        return model.model_validate_json(json.dumps(data, default=str), strict=True)
-    except ValidationError as exc:
-        errors = [_locate(error, prefix, labels) for error in exc.errors()]
-        raise _combined(errors) from None
+def _validate(cls: type[_M], data: object, prefix: str, labels: Mapping[str, str]) -> _M:
+    # Read as the JSON it would be (a YAML date is text), strictly: no '2' -> 2 or 'yes' -> True.
+    document = json.loads(json.dumps(data, default=str))
+    if _holds_lone_surrogate(document):  # what JSON and YAML let through but is no text
+        raise ConfigError(
+            prefix,
+            "the document holds a lone surrogate escape (such as \\ud800), which is not text",
+        )
+    problems: list[Problem] = []
+    read = model(cls)(document, (), problems)
+    if read is BAD:
+        raise _combined([_locate(problem, prefix, labels) for problem in problems])
+    made: _M = read
+    return made
 
 
-def _locate(error: ErrorDetails, prefix: str, labels: Mapping[str, str]) -> tuple[str, str]:
-    """A pydantic error -> (path, message); a path under an override names its flag or env var."""
+def _holds_lone_surrogate(value: object) -> bool:
+    if isinstance(value, str):
+        return re.search(_LONE_SURROGATE, value) is not None
+    if isinstance(value, dict):
+        return any(_holds_lone_surrogate(k) or _holds_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_lone_surrogate(item) for item in value)
+    return False
+
+
+def _locate(problem: Problem, prefix: str, labels: Mapping[str, str]) -> tuple[str, str]:
+    """A problem -> (path, message); a path under an override names its flag or env var."""
     path = prefix
-    for part in error["loc"]:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif "[" not in part:  # skip union member tags such as "tuple[str, ...]"
-            path = join(path, part)
-    path += str((error.get("ctx") or {}).get("subpath", ""))
-    message = _message(error)
-    for field, label in labels.items():
-        if path == field or path.startswith((field + ".", field + "[")):
-            return label, f"{message} (overrides {field})"
-    return path, message
-
-
-_TYPES = {
-    "string_type": "a string",
-    "int_type": "an integer",
-    "bool_type": "true or false",
-    "tuple_type": "a list",
-    "model_type": "a mapping",
-}
-
-
-def _message(error: ErrorDetails) -> str:
-    kind, given = error["type"], error.get("input")
-    if kind == "missing":
-        return "is required"
-    if kind in _TYPES:
-        quoted = " (a quoted string)" if isinstance(given, str) else ""
-        return f"must be {_TYPES[kind]}, got {describe(given)}{quoted}"
-    if kind == "literal_error":
-        return f"must be {(error.get('ctx') or {}).get('expected')}, got {describe(given)}"
-    if kind == "json_invalid":  # what JSON and YAML let through but is no text: "\ud800"
-        return "the document holds a lone surrogate escape (such as \\ud800), which is not text"
-    return error["msg"].removeprefix("Value error, ")
+    for part in problem.loc:
+        path = f"{path}[{part}]" if isinstance(part, int) else join(path, part)
+    path += problem.subpath
+    for field_path, label in labels.items():
+        if path == field_path or path.startswith((field_path + ".", field_path + "[")):
+            return label, f"{problem.message} (overrides {field_path})"
+    return path, problem.message
 
 
 def _combined(errors: list[tuple[str, str]]) -> ConfigError:

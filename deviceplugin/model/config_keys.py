@@ -15,7 +15,6 @@ characters of it (`quote`, `describe`).
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -372,6 +371,8 @@ def _unknown_message(key: object, shape: Mapping[str, Shape]) -> str:
             f"(known keys here: {', '.join(known)})"
         )
     folded = {_fold(name): name for name in known}
+    import difflib  # only to suggest a key for one that is wrong
+
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.7) if len(key) <= 64 else []
     match = folded.get(_fold(key)) or next(iter(close), None)
     if match:

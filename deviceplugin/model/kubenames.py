@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS_LABEL_MAX = 63
 DNS_SUBDOMAIN_MAX = 253
 DRIVER_NAME_MAX = 63  # resource.k8s.io: a driver name is a DNS subdomain of at most 63
@@ -24,7 +24,7 @@ DRIVER_NAME_MAX = 63  # resource.k8s.io: a driver name is a DNS subdomain of at 
 
 def uid_problem(value: str) -> str | None:
     """Why `value` is not a Kubernetes UID, or None."""
-    if _UUID.fullmatch(value):
+    if re.fullmatch(_UUID, value):
         return None
     return f"{value!r} is not a UID (a lowercase UUID such as 3f2b6c1e-8d4a-4c2e-9b1f-0a6d2e7c5b90)"
 
@@ -33,7 +33,7 @@ def dns_label_problem(value: str) -> str | None:
     """Why `value` is not a DNS label, or None."""
     if len(value) > DNS_LABEL_MAX:
         return f"{value!r} is longer than {DNS_LABEL_MAX} characters"
-    if not _DNS_LABEL.fullmatch(value):
+    if not re.fullmatch(_DNS_LABEL, value):
         return (
             f"{value!r} is not a DNS label (lowercase letters, digits and '-', starting and"
             " ending with a letter or digit)"
@@ -45,7 +45,7 @@ def dns_subdomain_problem(value: str, limit: int = DNS_SUBDOMAIN_MAX) -> str | N
     """Why `value` is not a DNS subdomain of at most `limit` characters, or None."""
     if len(value) > limit:
         return f"{value!r} is longer than {limit} characters"
-    if not value or not all(_DNS_LABEL.fullmatch(label) for label in value.split(".")):
+    if not value or not all(re.fullmatch(_DNS_LABEL, label) for label in value.split(".")):
         return (
             f"{value!r} is not a DNS subdomain (dot-separated lowercase letters, digits and '-',"
             " each part starting and ending with a letter or digit)"
@@ -53,7 +53,7 @@ def dns_subdomain_problem(value: str, limit: int = DNS_SUBDOMAIN_MAX) -> str | N
     return None
 
 
-_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_QUALIFIED_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 
 
 def is_extended_resource_name(name: str) -> bool:
@@ -66,5 +66,5 @@ def is_extended_resource_name(name: str) -> bool:
         "/" not in short
         and dns_subdomain_problem(prefix) is None
         and len(short) <= 63
-        and _QUALIFIED_NAME.fullmatch(short) is not None
+        and re.fullmatch(_QUALIFIED_NAME, short) is not None
     )

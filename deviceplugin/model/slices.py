@@ -63,7 +63,7 @@ _ARCHITECTURES = {
     "8.9": "Ada Lovelace",
     "9": "Hopper",
 }
-_LABEL_VALUE_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
+_LABEL_VALUE_INVALID = r"[^A-Za-z0-9._-]+"
 _BINARY_SUFFIXES = (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10))
 
 
@@ -178,7 +178,7 @@ def architecture(compute_capability: str) -> str:
 def label_value(text: str) -> str:
     """`text` made a valid label value (a taint's value): at most 63 of [A-Za-z0-9._-], starting
     and ending alphanumeric."""
-    cleaned = _LABEL_VALUE_INVALID.sub("-", text)[:63]
+    cleaned = re.sub(_LABEL_VALUE_INVALID, "-", text)[:63]
     return cleaned.strip("-._")
 
 

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from typing import Literal
 
 import yaml
@@ -51,6 +50,8 @@ class XidInfo:
 @cache
 def xid_table() -> Mapping[int, XidInfo]:
     """The packaged Xid table (deviceplugin/model/data/xids.yaml), parsed once."""
+    from importlib import resources  # 0.7 MiB of imports, for the catalog policy only
+
     text = resources.files("deviceplugin.model").joinpath("data/xids.yaml").read_text()
     table: dict[int, XidInfo] = {}
     for xid, row in yaml.safe_load(text).items():

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from fractions import Fraction
 from itertools import combinations
-from math import ceil, floor
 from pathlib import Path
 
 from deviceplugin.model.devices import Gpu, Inventory, Link, MigDevice, PcieLevel
@@ -113,9 +111,11 @@ def mig_profile_name(
     parent_total_bytes: int,
 ) -> str:
     """The MIG profile name, e.g. `1g.10gb`, `1c.2g.20gb`, `1g.10gb+me` (go-nvlib's rule)."""
-    fraction = Fraction(memory_mib * _MIB, parent_total_bytes)
-    eighths = Fraction(ceil(fraction * 8), 8)
-    gb = floor(eighths * ceil(Fraction(parent_total_bytes, _GIB)) + Fraction(1, 2))
+    # In exact integers (fractions would import decimal): the memory share rounded up to
+    # eighths, times the parent's memory in GiB rounded up, rounded to the nearest GB.
+    eighths = -(-8 * memory_mib * _MIB // parent_total_bytes)
+    parent_gib = -(-parent_total_bytes // _GIB)
+    gb = (eighths * parent_gib + 4) // 8
     name = f"{gpu_slices}g.{gb}gb"
     if compute_slices != gpu_slices:
         name = f"{compute_slices}c.{name}"

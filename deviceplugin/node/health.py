@@ -46,9 +46,9 @@ GPU_LOST = "gpu-lost"
 MONITORING_LOST = "health-monitoring-lost"
 RECOVERED = "recovered"
 
-_SECONDS = re.compile(r"\d+(?:\.\d+)?")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
-_DURATION = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|h|m|s))+")
+_SECONDS = r"\d+(?:\.\d+)?"
+_DURATION_PART = r"(\d+(?:\.\d+)?)(ms|h|m|s)"
+_DURATION = r"(?:\d+(?:\.\d+)?(?:ms|h|m|s))+"
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _ECC_NAMES = {EVENT_DOUBLE_BIT_ECC: "ecc-dbe", EVENT_SINGLE_BIT_ECC: "ecc-sbe"}
 
@@ -126,10 +126,10 @@ def parse_duration(text: str) -> float | None:
     value = text.strip().lower()
     if value in ("off", "never"):
         return None
-    if _SECONDS.fullmatch(value):
+    if re.fullmatch(_SECONDS, value):
         return float(value)
-    if _DURATION.fullmatch(value):
-        return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value))
+    if re.fullmatch(_DURATION, value):
+        return sum(float(n) * _UNIT_SECONDS[u] for n, u in re.findall(_DURATION_PART, value))
     raise ConfigError(
         "DP_HEALTH_RECOVERY_AFTER", f"{text!r} is not a duration (e.g. 300, 90s, 5m, 1h30m, off)"
     )

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-import pynvml
-
 from deviceplugin.model.errors import GpuLostError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.node.nvml_api import NvmlModule, ProfileInfo
@@ -210,8 +208,8 @@ class Nvml:
             raise _error(err, context) from err
 
     def init(self) -> None:
-        if self._nvml is pynvml:
-            _bind_library(self.library)
+        if getattr(self._nvml, "__name__", None) == "pynvml":  # the real module, not the fake
+            _bind_library(self._nvml, self.library)
         with self.errors("initialising NVML"):
             self._nvml.nvmlInit()
 
@@ -525,7 +523,7 @@ def driver_library(driver_root: str) -> str | None:
     return None
 
 
-def _bind_library(path: str | None) -> None:
+def _bind_library(pynvml: Any, path: str | None) -> None:
     """Point pynvml at the library file `path` (pynvml itself loads only by soname), or with
     None back at its own load by soname."""
     with pynvml.libLoadLock:
@@ -545,4 +543,6 @@ def _bind_library(path: str | None) -> None:
 def real_nvml(driver_root: str = "/") -> Nvml:
     """The host's libnvidia-ml (the one under `driver_root` when there is one there), not
     initialised yet: call `init()`."""
+    import pynvml  # here, so a simulated node never loads it
+
     return Nvml(pynvml, library=driver_library(driver_root))

@@ -75,5 +75,5 @@ def configure(log_format: LogFormat = "text", level: int = logging.INFO) -> None
         root.removeHandler(existing)
     root.addHandler(handler)
     root.setLevel(level)
-    for noisy in ("watchdog", "grpc", "asyncio"):
+    for noisy in ("grpc", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -42,7 +42,7 @@ def build_snapshot(
             "last_error": status.last_config_error if status is not None else None,
             "last_error_field": status.last_config_error_field if status is not None else None,
             "selection": status.config_selection if status is not None else None,
-            "active": config.model_dump(mode="json", by_alias=True),
+            "active": config.dump(),
         },
         "resources": [
             _resource(resource, registered, pods if pods_socket is not None else None)

@@ -25,8 +25,6 @@ read; a line is read once it ends with a newline. A malformed line is logged as
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import errno
 import json
 import logging
 import os
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.model.log import log_event
+from deviceplugin.node.inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, add_watch, open_inotify
 from deviceplugin.sim.structs import error_code
 
 logger = logging.getLogger(__name__)
@@ -169,7 +168,7 @@ class EventFileWatch:
     """
 
     POLL_S = 0.005
-    _MASK = 0x2 | 0x80 | 0x100  # IN_MODIFY | IN_MOVED_TO | IN_CREATE
+    _MASK = IN_MODIFY | IN_MOVED_TO | IN_CREATE
 
     def __init__(self, path: Path) -> None:
         self._directory = path.absolute().parent
@@ -216,15 +215,10 @@ class EventFileWatch:
 
 def _inotify(directory: Path, mask: int) -> int:
     """A non-blocking inotify descriptor watching `directory`; OSError when there is none."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if not hasattr(libc, "inotify_init1"):
-        raise OSError(errno.ENOSYS, "no inotify on this system")
-    fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-    if fd < 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
-    if libc.inotify_add_watch(fd, os.fsencode(directory), mask) < 0:
-        code = ctypes.get_errno()
+    fd = open_inotify()
+    try:
+        add_watch(fd, directory, mask)
+    except OSError:
         os.close(fd)
-        raise OSError(code, os.strerror(code))
-    return int(fd)
+        raise
+    return fd

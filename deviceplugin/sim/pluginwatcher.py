@@ -111,7 +111,7 @@ class Attempt:
 
 @dataclass
 class _Seen:
-    identity: tuple[int, int]  # inode and ctime: a socket bound again anew is a new one
+    identity: tuple[int, int]  # inode and change time: a socket made anew differs in either
     name: str = ""  # registered under this driver name; "" after a failed attempt
     retry_at: float = 0.0
 
@@ -344,8 +344,10 @@ class PluginWatcher:
 async def _close(plugin: Plugin) -> None:
     if plugin.health_task is not None:
         plugin.health_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await plugin.health_task
+        # Wait for it to end without taking on its cancellation: suppressing CancelledError
+        # here would also swallow the cancellation of the task closing it (`stop` cancelling
+        # a scan that is deregistering), which then never ends.
+        await asyncio.wait([plugin.health_task])
     await plugin.channel.close(None)
 
 
@@ -354,8 +356,9 @@ def _claims(messages: ModuleType, claims: Sequence[ClaimTriple]) -> list[Any]:
 
 
 def _sockets(directory: Path) -> Iterable[tuple[Path, tuple[int, int]]]:
-    """Each socket with its identity: a driver killed and started again binds its path anew
-    while the poll looks away, and the new socket may get the old one's inode number."""
+    """Each socket with its identity. The inode alone is not one: a socket removed and made
+    again between two polls may get the same inode back, which the kubelet's watcher (told of
+    every creation) does not miss either."""
     with contextlib.suppress(FileNotFoundError), os.scandir(directory) as entries:
         for entry in entries:
             if entry.name.startswith("."):

@@ -35,7 +35,7 @@ _GI_ENUM = {
 # NVML_COMPUTE_INSTANCE_PROFILE_* enum by compute slices.
 CI_ENUM = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
 
-_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me\.all|\+me|\+gfx|-me)?")
+_PROFILE = r"(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me\.all|\+me|\+gfx|-me)?"
 
 
 @dataclass(frozen=True)
@@ -223,7 +223,7 @@ KNOWN_MODELS: dict[str, dict[str, GiProfile]] = {
 def resolve(gpu_name: str, total_mib: int, profile: str, memory_mib: int | None) -> MigShape:
     """The NVML view of `profile` on a GPU called `gpu_name`; `memory_mib` overrides the size
     (to model another driver release). Raises ValueError when the string is not a profile."""
-    match = _PROFILE.fullmatch(profile)
+    match = re.fullmatch(_PROFILE, profile)
     if match is None:
         raise ValueError(f"{profile!r} is not a MIG profile ([<c>c.]<g>g.<mem>gb[+me])")
     slices, gb, suffix = int(match.group(2)), int(match.group(3)), match.group(4) or ""

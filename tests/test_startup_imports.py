@@ -1,0 +1,102 @@
+"""What `serve` loads: only what its flags use, so it starts and stays lean (docs/performance.md).
+
+Structural, not timed: the real command runs with `python -X importtime`, which logs every
+module the interpreter imports, from exec until SIGTERM after start-up; the test reads that log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from harness import GPU, run
+
+from deviceplugin.cli import SERVE_ENV_VARS
+from deviceplugin.sim.kubelet import KubeletEmulator
+
+PRESET = "a100-80gb-x8-mixed"
+# What `serve` never needs on its default flags: the DRA driver and its Kubernetes client and
+# CEL, the HTTP endpoints with prometheus-client and the pod-resources client behind them, and
+# the schema library the DRA driver's opaque configs use.
+HEAVY = (
+    "deviceplugin.dra",
+    "kubernetes_asyncio",
+    "aiohttp",
+    "cel_expr_python",
+    "deviceplugin.ops.http",
+    "prometheus_client",
+    "deviceplugin.kubelet.pods",
+    "deviceplugin.kubelet.podresources",
+    "pydantic",
+)
+_IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$")
+
+
+async def _imports_of_serve(tmp_path: Path, *flags: str, registered: Sequence[str]) -> set[str]:
+    """Every module `deviceplugin serve FLAGS` imports up to SIGTERM, once the emulated kubelet
+    holds `registered` (or, with none, once the plugin says it started)."""
+    kubelet = KubeletEmulator(tmp_path / "kubelet")
+    await kubelet.start()
+    env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
+    serve = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-X", "importtime", "-m", "deviceplugin", "serve"),
+        *("--kubelet-dir", str(kubelet.directory), *flags),
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert serve.stderr is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(30):
+            while not any("plugin.started" in line for line in lines):
+                line = await serve.stderr.readline()
+                assert line, "serve exited:\n" + "".join(lines[-20:])
+                lines.append(line.decode(errors="replace"))
+            ready = lambda: all(name in kubelet.endpoints for name in registered)  # noqa: E731
+            assert await kubelet.wait_for(ready, 10)
+        serve.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.wait_for(serve.communicate(), 10)
+        lines += rest.decode(errors="replace").splitlines()
+        assert serve.returncode == 0
+    finally:
+        if serve.returncode is None:
+            serve.kill()
+            await serve.wait()
+        await kubelet.stop()
+    return {m.group(1) for line in lines if (m := _IMPORTED.match(line.rstrip("\n")))}
+
+
+def _loaded(imports: set[str], packages: Sequence[str]) -> list[str]:
+    """The `packages` (or modules below them) among `imports`."""
+    return sorted(p for p in packages if any(m == p or m.startswith(p + ".") for m in imports))
+
+
+def test_serve_on_default_flags_loads_no_heavy_module(tmp_path: Path) -> None:
+    imports = run(_imports_of_serve(tmp_path, "--simulate", PRESET, registered=(GPU,)))
+    assert {"grpc", "deviceplugin.supervisor", "deviceplugin.sim.fake_nvml"} <= imports
+    assert _loaded(imports, HEAVY) == []
+
+
+def test_http_address_loads_the_http_stack(tmp_path: Path) -> None:
+    flags = ("--simulate", PRESET, "--http-address", "127.0.0.1:0")
+    imports = run(_imports_of_serve(tmp_path, *flags, registered=(GPU,)))
+    assert _loaded(imports, HEAVY) == [
+        "deviceplugin.kubelet.podresources",
+        "deviceplugin.kubelet.pods",
+        "deviceplugin.ops.http",
+        "prometheus_client",
+    ]
+
+
+def test_a_real_node_loads_no_simulator(tmp_path: Path) -> None:
+    """Without --simulate (no NVML here, so nothing to advertise: serve idles) the simulator,
+    its node files and YAML presets stay unloaded; pynvml is what is opened."""
+    imports = run(_imports_of_serve(tmp_path, "--fail-on-init-error", "false", registered=()))
+    assert "pynvml" in imports
+    assert _loaded(imports, ("deviceplugin.sim", *HEAVY)) == []
