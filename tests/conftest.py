@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pynvml
 import pytest
 from simnode import BACKENDS, use_backend
+
+
+@pytest.fixture(autouse=True, scope="session")
+def cdi_specs_off_the_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No `serve` a test starts uses the host's /var/run/cdi: serve removes a spec it does not
+    want, and the host's may be a real plugin's (a GPU node, or the real-cluster tests). Tests
+    pass their own folder; this covers any child process that inherits the environment."""
+    os.environ["DP_CDI_SPEC_DIR"] = str(tmp_path_factory.mktemp("cdi"))
+    yield
+    del os.environ["DP_CDI_SPEC_DIR"]
 
 
 @pytest.fixture(params=BACKENDS)

@@ -297,6 +297,8 @@ def test_sigterm_and_healthz_are_answered_with_a_fifo_as_config(tmp_path: Path) 
             "serve",
             "--kubelet-dir",
             str(kubelet_dir),
+            "--cdi-spec-dir",
+            str(tmp_path / "cdi"),
             "--simulate",
             "a100-80gb-x8-mixed",
             "--config-file",

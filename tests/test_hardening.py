@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,9 @@ def test_stop_leaves_a_file_that_took_the_place_of_its_socket() -> None:
 
 def deviceplugin(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
+    # Never the host's /var/run/cdi: serve removes a spec it does not want before it finds
+    # a usage error that only the discovered resources show.
+    env["DP_CDI_SPEC_DIR"] = tempfile.mkdtemp(prefix="dp-cdi-")
     return subprocess.run(
         [sys.executable, "-m", "deviceplugin", *args],
         capture_output=True,

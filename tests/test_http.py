@@ -129,6 +129,7 @@ async def running_plugin(config_dir: str = "") -> AsyncIterator[Plugin]:
     settings = Settings(
         command="serve",
         kubelet_dir=kubelet_dir,
+        cdi_spec_dir=root / "cdi",
         simulate=PRESET,
         simulate_events=str(events),
         config_file=str(config),
@@ -311,7 +312,9 @@ def test_pod_gauge_follows_the_kubelet_assignments(monkeypatch: pytest.MonkeyPat
 def test_answers_before_start_and_survives_garbage() -> None:
     async def scenario() -> None:
         root = Path(tempfile.mkdtemp(prefix="dp"))
-        settings = Settings(command="serve", kubelet_dir=root / "device-plugins", env={})
+        settings = Settings(
+            command="serve", kubelet_dir=root / "device-plugins", cdi_spec_dir=root / "cdi", env={}
+        )
         http = HttpServer(
             "127.0.0.1:0", Supervisor(settings), root / "absent.sock", read_pods=read_pods
         )

@@ -198,6 +198,7 @@ def test_from_a_live_plugin(root: Path, capsys: pytest.CaptureFixture[str]) -> N
         settings = Settings(
             command="serve",
             kubelet_dir=kubelet_dir,
+            cdi_spec_dir=kubelet_dir.parent / "cdi",
             simulate="a10-x8",
             simulate_events=str(events),
             health_recovery_after="off",

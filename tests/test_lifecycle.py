@@ -222,6 +222,8 @@ async def _serve_process(plugin_dir: Path, *extra: str) -> asyncio.subprocess.Pr
         "serve",
         "--kubelet-dir",
         str(plugin_dir),
+        "--cdi-spec-dir",
+        str(plugin_dir.parent / "cdi"),
         *extra,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

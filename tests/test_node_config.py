@@ -142,6 +142,7 @@ async def running_node(
     settings = Settings(
         command="serve",
         kubelet_dir=root / "device-plugins",
+        cdi_spec_dir=root / "cdi",
         simulate=simulate,
         health_recovery_after="off",
         config_dir=str(root / "config") if named else None,

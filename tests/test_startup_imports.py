@@ -45,7 +45,8 @@ async def _imports_of_serve(tmp_path: Path, *flags: str, registered: Sequence[st
     env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
     serve = await asyncio.create_subprocess_exec(
         *(sys.executable, "-X", "importtime", "-m", "deviceplugin", "serve"),
-        *("--kubelet-dir", str(kubelet.directory), *flags),
+        *("--kubelet-dir", str(kubelet.directory), "--cdi-spec-dir", str(tmp_path / "cdi")),
+        *flags,
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
