@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from deviceplugin.model.cdi import CdiError, CdiOptions, build_spec, cdi_enabled, spec_file_name
+from deviceplugin.model.allocation import cdi_enabled, spec_file_name
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
 from deviceplugin.node.cdiwriter import SpecWriter, errno_name
-from deviceplugin.node.hostscan import scan_host
+
+if TYPE_CHECKING:
+    from deviceplugin.model.cdi import CdiOptions
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +28,10 @@ logger = logging.getLogger(__name__)
 def node_spec(inventory: Inventory, config: Config, proc_root: str) -> dict[str, Any]:
     """The spec for this inventory and config, from a fresh scan of the host. Raises CdiError
     when the host lacks something a device needs."""
+    # The spec's builder and the host scan only on a node with a CDI strategy.
+    from deviceplugin.model.cdi import CdiOptions, build_spec
+    from deviceplugin.node.hostscan import scan_host
+
     options = CdiOptions.from_config(config)
     scan = scan_host(inventory.driver_version, options.driver_root, options.dev_root, proc_root)
     return build_spec(inventory, scan, options)
@@ -46,39 +52,46 @@ class CdiSpecKeeper:
         file is as required. A failure is logged with the path and errno and kept in `error`
         for the caller to retry."""
         wanted = inventory is not None and bool(inventory.gpus) and cdi_enabled(config)
-        options = CdiOptions.from_config(config)
-        if wanted and self.error is None and self._in_force == (inventory, options):
-            return True
         path = str(self.writer.path)
-        try:
-            if wanted and inventory is not None:
-                spec = node_spec(inventory, config, self.proc_root)
-                if self.writer.write(spec):
-                    log_event(
-                        logger,
-                        "cdi.spec.written",
-                        path=path,
-                        devices=len(spec["devices"]),
-                        cdi_version=spec["cdiVersion"],
-                    )
-                self._in_force = (inventory, options)
-            else:
+        if not wanted or inventory is None:
+            try:
                 if self.writer.remove():
                     log_event(logger, "cdi.spec.removed", path=path)
                 self._in_force = None
+            except OSError as exc:
+                return self._failed(path, errno_name(exc), exc.strerror or str(exc))
+            return self._succeeded(path)
+        from deviceplugin.model.cdi import CdiError, CdiOptions  # only with a CDI strategy
+
+        options = CdiOptions.from_config(config)
+        if self.error is None and self._in_force == (inventory, options):
+            return True
+        try:
+            spec = node_spec(inventory, config, self.proc_root)
+            if self.writer.write(spec):
+                log_event(
+                    logger,
+                    "cdi.spec.written",
+                    path=path,
+                    devices=len(spec["devices"]),
+                    cdi_version=spec["cdiVersion"],
+                )
+            self._in_force = (inventory, options)
         except OSError as exc:
-            self._failed(path, errno_name(exc), exc.strerror or str(exc))
-            return False
+            return self._failed(path, errno_name(exc), exc.strerror or str(exc))
         except CdiError as exc:
-            self._failed(path, "", str(exc))
-            return False
+            return self._failed(path, "", str(exc))
+        return self._succeeded(path)
+
+    def _succeeded(self, path: str) -> bool:
         if self.error is not None:
             log_event(logger, "cdi.spec.recovered", path=path)
         self.error = None
         return True
 
-    def _failed(self, path: str, code: str, reason: str) -> None:
-        """Keep the error; log it at ERROR when it is new, so a retry loop does not flood."""
+    def _failed(self, path: str, code: str, reason: str) -> bool:
+        """Keep the error; log it at ERROR when it is new, so a retry loop does not flood.
+        False: the file is not as required."""
         error = f"{path}: {code + ' ' if code else ''}{reason}"
         level = logging.ERROR if error != self.error else logging.DEBUG
         self.error, self._in_force = error, None
@@ -91,3 +104,4 @@ class CdiSpecKeeper:
             error=reason,
             retry="while serving",
         )
+        return False

@@ -7,9 +7,10 @@ overridden only by flags or variables that were actually given (config.load_conf
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
@@ -171,26 +172,54 @@ def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
+class _Subcommand(argparse.ArgumentParser):
+    """A subcommand's parser whose flags are added when it is used (parsed, or its help
+    printed): one process runs one command, and adding the flags of all of them costs more
+    than parsing (`add_argument` builds a help formatter for every flag)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fill: list[Callable[[argparse.ArgumentParser], None]] = []
+
+    def later(self, fill: Callable[[argparse.ArgumentParser], None]) -> _Subcommand:
+        self._fill.append(fill)
+        return self
+
+    def _filled(self) -> None:
+        while self._fill:
+            self._fill.pop(0)(self)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._filled()
+        return super().parse_known_args(*args, **kwargs)
+
+    def format_usage(self) -> str:
+        self._filled()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._filled()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="deviceplugin",
         description="Kubernetes device plugin for NVIDIA GPUs, MIG devices and time-sliced GPUs.",
     )
     parser.add_argument("--version", action="version", version=f"deviceplugin {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_Subcommand
+    )
     serve = commands.add_parser("serve", help="register with the kubelet and serve until stopped")
     inspect = commands.add_parser("inspect", help="show what serve advertises (or is advertising)")
     cdi_spec = commands.add_parser("cdi-spec", help="print the CDI spec serve would write")
     for sub in (serve, inspect, cdi_spec):
-        _add_serve_flags(sub, _RUNTIME_FLAGS)
+        sub.later(lambda p: _add_serve_flags(p, _RUNTIME_FLAGS))
     node_api = {name: _DRA_FLAGS[name] for name in _NODE_API_FLAGS}
-    _add_serve_flags(serve, {**_NODE_FLAGS, **node_api}, ())
-    cdi_spec.add_argument("-o", "--output", choices=("json", "yaml"), default="json")
-    inspect.add_argument("-o", "--output", choices=("table", "json"), default="table")
-    inspect.add_argument("--pods", action="store_true", help="show which pod holds each device")
-    inspect.add_argument(
-        "--from", dest="source", metavar="URL", help="ask a running serve at http://HOST:PORT"
-    )
+    serve.later(lambda p: _add_serve_flags(p, {**_NODE_FLAGS, **node_api}, ()))
+    cdi_spec.later(_add_cdi_spec_flags)
+    inspect.later(_add_inspect_flags)
     validate = commands.add_parser("validate-config", help="check a config file")
     validate.add_argument("path", metavar="FILE")
     commands.add_parser("demo", help="run serve on a simulated node against a kubelet emulator")
@@ -200,21 +229,46 @@ def build_parser() -> argparse.ArgumentParser:
     sim_root.add_argument("node", metavar="NODE", help="a preset name or a node YAML file")
     sim_root.add_argument("directory", metavar="DIR")
     dra = commands.add_parser("dra", help="the DRA driver")
-    dra_commands = dra.add_subparsers(dest="dra_command", required=True, metavar="COMMAND")
+    dra.later(_add_dra_commands)
+    return parser
+
+
+def _add_cdi_spec_flags(cdi_spec: argparse.ArgumentParser) -> None:
+    cdi_spec.add_argument("-o", "--output", choices=("json", "yaml"), default="json")
+
+
+def _add_inspect_flags(inspect: argparse.ArgumentParser) -> None:
+    inspect.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    inspect.add_argument("--pods", action="store_true", help="show which pod holds each device")
+    inspect.add_argument(
+        "--from", dest="source", metavar="URL", help="ask a running serve at http://HOST:PORT"
+    )
+
+
+def _add_dra_commands(dra: argparse.ArgumentParser) -> None:
+    dra_commands = dra.add_subparsers(
+        dest="dra_command", required=True, metavar="COMMAND", parser_class=_Subcommand
+    )
     dra_serve = dra_commands.add_parser(
         "serve", help="publish ResourceSlices and serve the kubelet's DRA API until stopped"
     )
     # The DRA driver has its own kubelet root (--kubelet-root): refuse --kubelet-dir.
     dra_runtime = {k: v for k, v in _RUNTIME_FLAGS.items() if k != "kubelet-dir"}
     named = {name: _NODE_FLAGS[name] for name in ("config-dir", "default-config")}
-    _add_serve_flags(dra_serve, {**dra_runtime, **_DRA_FLAGS, **named}, DRA_OVERRIDES)
-    _refuse_device_plugin_flags(dra_serve)
+    dra_serve.later(
+        lambda p: _add_serve_flags(p, {**dra_runtime, **_DRA_FLAGS, **named}, DRA_OVERRIDES)
+    )
+    dra_serve.later(_refuse_device_plugin_flags)
     dra_commands.add_parser(
         "demo", help="dra serve on a simulated node against a plugin watcher and an API server"
     )
     explain = dra_commands.add_parser(
         "explain", help="which devices DeviceClass selectors match on a node, and a claim's devices"
     )
+    explain.later(_add_explain_flags)
+
+
+def _add_explain_flags(explain: argparse.ArgumentParser) -> None:
     explain.add_argument("--class", dest="class_file", required=True, metavar="FILE")
     explain.add_argument("--claim", dest="claim_file", metavar="FILE")
     explain.add_argument(
@@ -225,7 +279,6 @@ def build_parser() -> argparse.ArgumentParser:
     explain_flags["unhealthy-taint"] = _DRA_FLAGS["unhealthy-taint"]
     _add_serve_flags(explain, explain_flags, ())
     _refuse_device_plugin_flags(explain)
-    return parser
 
 
 def _add_serve_flags(

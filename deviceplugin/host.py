@@ -89,9 +89,9 @@ def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost |
 
         return SimulatedHost(root, temporary=False, proc=_made(lay_out_proc))
     from deviceplugin.sim.hostroot import lay_out
-    from deviceplugin.sim.node import read_node, resolve_node_path
+    from deviceplugin.sim.node import read_node_once, resolve_node_path
 
-    node = read_node(resolve_node_path(simulate))
+    node = read_node_once(resolve_node_path(simulate))
     return SimulatedHost(_made(lambda d: lay_out(node, d, every_instance=False)), temporary=True)
 
 

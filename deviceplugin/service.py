@@ -92,7 +92,7 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
                 "periodic.failed",
             )
         )
-        log_event(logger, "plugin.started", resources=sorted(supervisor.status().resources))
+        log_event(logger, "plugin.started", resources=sorted(supervisor.resources))
         await supervisor.wait_stopped()
     finally:
         if periodic is not None:

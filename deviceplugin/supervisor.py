@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deviceplugin.background import spawn
 from deviceplugin.cdispec import CdiSpecKeeper
@@ -48,7 +48,9 @@ from deviceplugin.node.health import (
 from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.node.nvml import Nvml
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.ops.status import Status
+
+if TYPE_CHECKING:
+    from deviceplugin.ops.status import Status
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +150,10 @@ class Supervisor:
         log_event(logger, "plugin.stopped")
 
     def status(self) -> Status:
+        from deviceplugin.ops.status import Status  # read by /readyz, /status and inspect only
+
         return Status(
-            resources={name: server.resource for name, server in self._servers.items()},
+            resources=self.resources,
             registered=self._registrar.registered,
             health_monitor_alive=self._monitor is not None and self._monitor.alive,
             nvml_available=self._nvml is not None,
@@ -161,6 +165,11 @@ class Supervisor:
             cdi_spec_error=self._cdi.error,
             config_selection=self.selection_view() if self.selection_view else None,
         )
+
+    @property
+    def resources(self) -> dict[str, ResourceSet]:
+        """What each running server advertises, by resource name."""
+        return {name: server.resource for name, server in self._servers.items()}
 
     @property
     def config(self) -> Config:

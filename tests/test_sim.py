@@ -16,7 +16,7 @@ from deviceplugin.node.nvml_api import NvmlModule
 from deviceplugin.sim import structs
 from deviceplugin.sim.events import SimEvent, parse_line
 from deviceplugin.sim.fake_nvml import FakeNvml
-from deviceplugin.sim.node import preset_names, read_node
+from deviceplugin.sim.node import preset_names, read_node, read_node_once
 from deviceplugin.sim.profiles import plausible_memory_mib, resolve
 
 REQUIRED_PRESETS = ["a100-80gb-x8-mixed", "a10-x8", "a30-x4-mig", "h100-x8"]
@@ -275,3 +275,16 @@ def test_event_lines(line: str, event: SimEvent) -> None:
 def test_malformed_event_lines(line: str) -> None:
     with pytest.raises(ValueError):
         parse_line(line)
+
+
+def test_a_node_file_read_again_unchanged_is_not_parsed_again(tmp_path: Path) -> None:
+    """serve reads its node for the host files and again for the simulated NVML: the second
+    read reuses the first while the file is unchanged, and reads a rewritten file anew."""
+    path = write_node(tmp_path / "node.yaml", [gpu(0)])
+    first = read_node_once(path)
+    assert read_node_once(path) is first
+    assert FakeNvml(str(path))._world.node is first
+    write_node(path, [gpu(0), gpu(1)])
+    again = read_node_once(path)
+    assert again is not first and len(again.gpus) == 2
+    assert FakeNvml(str(path))._world.node is again

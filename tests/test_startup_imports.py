@@ -34,6 +34,14 @@ HEAVY = (
     "deviceplugin.kubelet.podresources",
     "pydantic",
 )
+# Not heavy, but needed only by what default flags leave off: the CDI spec's builder and host
+# scan (a CDI strategy), what /readyz and /status report and the pods holding devices (HTTP).
+UNUSED_ON_DEFAULT_FLAGS = (
+    "deviceplugin.model.cdi",
+    "deviceplugin.node.hostscan",
+    "deviceplugin.ops.status",
+    "deviceplugin.model.assignments",
+)
 _IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)$")
 
 
@@ -45,6 +53,7 @@ async def _imports_of_serve(tmp_path: Path, *flags: str, registered: Sequence[st
     env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
     serve = await asyncio.create_subprocess_exec(
         *(sys.executable, "-X", "importtime", "-m", "deviceplugin", "serve"),
+        # never the host's spec directory: serve removes a spec there that it does not want
         *("--kubelet-dir", str(kubelet.directory), "--cdi-spec-dir", str(tmp_path / "cdi")),
         *flags,
         env=env,
@@ -78,15 +87,27 @@ def _loaded(imports: set[str], packages: Sequence[str]) -> list[str]:
     return sorted(p for p in packages if any(m == p or m.startswith(p + ".") for m in imports))
 
 
+def _imports_on_preset(tmp_path: Path, *flags: str) -> set[str]:
+    """What `serve --simulate PRESET FLAGS` imports until its GPU resource is registered."""
+    return run(_imports_of_serve(tmp_path, "--simulate", PRESET, *flags, registered=(GPU,)))
+
+
 def test_serve_on_default_flags_loads_no_heavy_module(tmp_path: Path) -> None:
-    imports = run(_imports_of_serve(tmp_path, "--simulate", PRESET, registered=(GPU,)))
+    imports = _imports_on_preset(tmp_path)
     assert {"grpc", "deviceplugin.supervisor", "deviceplugin.sim.fake_nvml"} <= imports
     assert _loaded(imports, HEAVY) == []
+    assert _loaded(imports, UNUSED_ON_DEFAULT_FLAGS) == []
+
+
+def test_a_cdi_strategy_loads_the_spec_builder(tmp_path: Path) -> None:
+    imports = _imports_on_preset(tmp_path, "--device-list-strategy", "cdi-cri")
+    expected = ["deviceplugin.model.cdi", "deviceplugin.node.hostscan"]
+    assert _loaded(imports, UNUSED_ON_DEFAULT_FLAGS) == expected
+    assert (tmp_path / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json").is_file()
 
 
 def test_http_address_loads_the_http_stack(tmp_path: Path) -> None:
-    flags = ("--simulate", PRESET, "--http-address", "127.0.0.1:0")
-    imports = run(_imports_of_serve(tmp_path, *flags, registered=(GPU,)))
+    imports = _imports_on_preset(tmp_path, "--http-address", "127.0.0.1:0")
     assert _loaded(imports, HEAVY) == [
         "deviceplugin.kubelet.podresources",
         "deviceplugin.kubelet.pods",

@@ -33,6 +33,7 @@ ListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
 IdStrategy = Literal["uuid", "index"]
 
 CDI_KIND = "k8s.device-plugin.nvidia.com/gpu"
+CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 CDI_ANNOTATION_NAME = "nvidia-device-plugin"
@@ -43,6 +44,17 @@ CONTROL_NODES = (
     "/dev/nvidia-modeset",
 )
 MESSAGE_ID_LIMIT = 5  # IDs named in one error message; the rest are counted
+
+
+def cdi_enabled(config: Config) -> bool:
+    """Whether any device-list strategy hands out CDI names, so a spec must define them."""
+    return bool(CDI_STRATEGIES & set(config.flags.plugin.device_list_strategy))
+
+
+def spec_file_name(kind: str = CDI_KIND) -> str:
+    """`k8s.device-plugin.nvidia.com-gpu.json`: the kind with `/` replaced, as the reference
+    names it, so a node moving between the two plugins keeps one file."""
+    return kind.replace("/", "-") + ".json"
 
 
 class HostFacts(Protocol):

@@ -19,7 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# cdi_enabled and spec_file_name live with the strategies, so that a node without a CDI
+# strategy decides that, and removes a stale spec, without importing this module.
 from deviceplugin.model.allocation import CDI_KIND, IdStrategy
+from deviceplugin.model.allocation import CDI_STRATEGIES as CDI_STRATEGIES
+from deviceplugin.model.allocation import cdi_enabled as cdi_enabled
+from deviceplugin.model.allocation import spec_file_name as spec_file_name
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError
@@ -30,7 +35,6 @@ from deviceplugin.model.hostpaths import (
     host_path,
 )
 
-CDI_STRATEGIES = frozenset({"cdi-annotations", "cdi-cri"})
 NVIDIA_MAJOR = 195  # /dev/nvidia<minor>, /dev/nvidiactl: fixed by the driver
 ALL_DEVICES = "all"
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
@@ -90,17 +94,6 @@ class CdiOptions:
             driver_root=flags.nvidia_driver_root,
             dev_root=flags.dev_root,
         )
-
-
-def cdi_enabled(config: Config) -> bool:
-    """Whether any device-list strategy hands out CDI names, so a spec must define them."""
-    return bool(CDI_STRATEGIES & set(config.flags.plugin.device_list_strategy))
-
-
-def spec_file_name(kind: str = CDI_KIND) -> str:
-    """`k8s.device-plugin.nvidia.com-gpu.json`: the kind with `/` replaced, as the reference
-    names it, so a node moving between the two plugins keeps one file."""
-    return kind.replace("/", "-") + ".json"
 
 
 def device_name(gpu: Gpu, mig: MigDevice | None, strategy: IdStrategy) -> str:

@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from deviceplugin import __version__
-from deviceplugin.model.assignments import PodDevices
-from deviceplugin.model.resources import ResourceSet
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
+
+    from deviceplugin.model.assignments import PodDevices
+    from deviceplugin.model.resources import ResourceSet
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 

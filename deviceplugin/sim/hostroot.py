@@ -16,6 +16,7 @@ the node; `serve --simulate` lays out a tree (without the library) in a temp dir
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import stat
@@ -57,6 +58,12 @@ def gpu_instance_minor(gpu: int, gpu_instance: int) -> int:
 
 def mig_minors_table() -> dict[str, int]:
     """The whole mig-minors table the kernel module writes at load, in its order."""
+    return dict(_mig_minors_table())
+
+
+@functools.cache
+def _mig_minors_table() -> dict[str, int]:
+    """Built once per process (4,322 entries): a lay-out reads it twice."""
     table = {"config": 1, "monitor": 2}
     for gpu in range(TABLE_GPUS):
         for gi in range(TABLE_GPU_INSTANCES):
@@ -82,7 +89,7 @@ def device_nodes(node: Node, every_instance: bool = True) -> dict[str, tuple[int
     so a MIG re-cut finds its nodes too (over a thousand on eight GPUs); otherwise only those
     of the MIG devices the node has now."""
     nodes = dict(CONTROL_NODES)
-    table = mig_minors_table()
+    table = _mig_minors_table()
     for gpu in node.gpus:
         nodes[f"/dev/nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
         if every_instance:
@@ -105,7 +112,7 @@ def device_nodes(node: Node, every_instance: bool = True) -> dict[str, tuple[int
 def lay_out_proc(proc: Path) -> None:
     """The kernel module's files under `proc`: the whole mig-minors table and the character
     majors of `devices`."""
-    table = "".join(f"{key} {minor}\n" for key, minor in mig_minors_table().items())
+    table = "".join(f"{key} {minor}\n" for key, minor in _mig_minors_table().items())
     _write(proc / MIG_MINORS, table.encode())
     _write(proc / "devices", proc_devices_text().encode())
 

@@ -105,6 +105,33 @@ def read_node(path: Path) -> Node:
     return parse_node(data)
 
 
+# The node file this process read last: its path, its stamp before that read, and the Node.
+_LAST_READ: dict[Path, tuple[tuple[int, ...], Node]] = {}
+
+
+def node_file_stamp(path: Path) -> tuple[int, ...]:
+    """What changes when the file is rewritten or replaced; () when it cannot be read."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return ()
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
+def read_node_once(path: Path) -> Node:
+    """`read_node(path)`, or the Node this process last read from `path` when the file is
+    unchanged since (same inode, size and times): `serve --simulate` reads its node for the
+    host files and again for the simulated NVML, a few milliseconds apart."""
+    stamp = node_file_stamp(path)
+    last = _LAST_READ.get(path)
+    if last is not None and stamp and last[0] == stamp:
+        return last[1]
+    node = read_node(path)
+    _LAST_READ.clear()
+    _LAST_READ[path] = (stamp, node)
+    return node
+
+
 def parse_node(data: object) -> Node:
     """Check a parsed node document and build the Node it describes."""
     top = _mapping(data, "")

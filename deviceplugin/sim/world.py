@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +21,14 @@ from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
 from deviceplugin.sim import structs as s
 from deviceplugin.sim.events import EventFile, EventFileWatch, SimEvent
-from deviceplugin.sim.node import Node, SimGpu, SimMig, read_node, resolve_node_path
+from deviceplugin.sim.node import (
+    Node,
+    SimGpu,
+    SimMig,
+    read_node,
+    read_node_once,
+    resolve_node_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +65,7 @@ class World:
         self._calls = frozenset(calls)
         self._path = resolve_node_path(node)
         self._stamp = self._file_stamp()
-        self.node = self._read()
+        self.node = self._read(read_node_once)  # the host files' read of it, when unchanged
         self._events = EventFile(Path(events_path)) if events_path else None
         self._watch = EventFileWatch(Path(events_path)) if events_path else None
         self._states: dict[str, GpuState] = {}
@@ -66,8 +73,8 @@ class World:
 
     # --- the node file ------------------------------------------------------------------------
 
-    def _read(self) -> Node:
-        node = read_node(self._path)
+    def _read(self, read: Callable[[Path], Node] = read_node) -> Node:
+        node = read(self._path)
         for position, gpu in enumerate(node.gpus):
             unknown = sorted(gpu.not_supported - self._calls)
             if unknown:
