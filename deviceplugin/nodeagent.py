@@ -192,7 +192,7 @@ class NodeAgent:
         if self._error is not None:
             log_event(logger, "config.selection.restored", config=selection.name)
         self._error = self._reported = None
-        self._supervisor.metrics.node_config_label_valid.set(1)
+        self._supervisor.metrics.config_label_valid(True)
         assert self._dir is not None
         self._supervisor.use_config_file(str(self._dir / selection.name))
         log_event(
@@ -221,7 +221,7 @@ class NodeAgent:
     async def _refuse(self, exc: ConfigError, label: str | None) -> None:
         """Keep the config in force; say why in the log, /status, the metric and an Event."""
         self._error = str(exc)
-        self._supervisor.metrics.node_config_label_valid.set(0)
+        self._supervisor.metrics.config_label_valid(False)
         log_event(
             logger,
             "config.selection.rejected",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ParamSpec
 
 import pytest
+from draplugin import write_kubeconfig
 from test_http import CONFIG, GPU, MIG, get, until
 
 import deviceplugin.nodeagent
@@ -31,7 +32,7 @@ from deviceplugin.cli import Settings, parse_settings
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.ops.http import HttpServer
-from deviceplugin.ops.metrics import Metrics
+from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.service import run_supervisor
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.kubelet import KubeletEmulator
@@ -71,22 +72,6 @@ def write_configmap(directory: Path, data: Mapping[str, str]) -> None:
     for entry in directory.iterdir():
         if entry.is_symlink() and entry.name not in data and not entry.name.startswith("."):
             entry.unlink()
-
-
-def kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "test",
-                "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u"}}],
-                "clusters": [{"name": "c", "cluster": {"server": server}}],
-                "users": [{"name": "u", "user": {"token": "secret-token"}}],
-            }
-        )
-    )
-    return path
 
 
 @dataclass
@@ -129,6 +114,7 @@ async def running_node(
     api: ApiServer | None = None,
     named: bool = True,
     simulate: str = "a100-80gb-x8-mixed",
+    metrics: Metrics | None = None,
 ) -> AsyncIterator[Node]:
     """`serve --config-dir` (`named` False: no config) on the a100 preset, its Node in the
     API-server stand-in."""
@@ -148,11 +134,11 @@ async def running_node(
         config_dir=str(root / "config") if named else None,
         default_config=default,
         node_name=NODE,
-        kubeconfig=str(kubeconfig(root / "kubeconfig", api.url)),
+        kubeconfig=str(write_kubeconfig(root / "kubeconfig", api.url)),
         gpu_labels=gpu_labels,
         env={"POD_NAMESPACE": "gpu-system"},
     )
-    supervisor = Supervisor(settings, Metrics())
+    supervisor = Supervisor(settings, metrics or Metrics())
     http = HttpServer("127.0.0.1:0", supervisor, root / "no-pods.sock", read_pods=_no_pods)
     task = asyncio.get_running_loop().create_task(run_supervisor(supervisor, http))
     try:
@@ -295,6 +281,19 @@ async def test_an_unknown_name_keeps_the_last_good_config_and_says_so_everywhere
         assert node.label_valid() == 1
         assert (await node.status())["config"]["selection"]["error"] is None
         assert len(node.api.events) == 1  # one Event per wrong value, not one per look
+
+
+@in_loop
+async def test_a_plugin_without_metrics_follows_its_label_all_the_same() -> None:
+    """serve without --http-address keeps no metrics (NoMetrics): the label's verdict is
+    reported where there is somewhere to report it, and the switch happens all the same."""
+    async with running_node({CONFIG_LABEL: "shared"}, metrics=NoMetrics()) as node:
+        await until(lambda: node.gpus() == 8)
+        node.label("no-such-config")
+        await until(lambda: bool(node.api.events))
+        node.label("dedicated")
+        await until(lambda: node.gpus() == 4)
+        assert not node.task.done()
 
 
 @in_loop

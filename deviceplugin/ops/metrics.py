@@ -82,6 +82,10 @@ class SharedMetrics:
         """Whether the config file's latest content is the one in force."""
         self.config_last_reload_successful.set(1 if latest else 0)
 
+    def config_label_valid(self, valid: bool) -> None:
+        """Whether the node's config label names a config that exists (or there is none)."""
+        self.node_config_label_valid.set(1 if valid else 0)
+
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
         from prometheus_client import generate_latest
@@ -198,6 +202,9 @@ class NoMetrics(Metrics):
         pass
 
     def config_in_force(self, latest: bool) -> None:
+        pass
+
+    def config_label_valid(self, valid: bool) -> None:
         pass
 
     def render(self) -> bytes:
