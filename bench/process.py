@@ -117,6 +117,11 @@ class Child:
         self.stop()
 
 
+def _deviceplugin() -> list[str]:
+    """The installed console script, or the package run as a module when there is none."""
+    return [str(_CONSOLE)] if _CONSOLE.exists() else [PYTHON, "-m", "deviceplugin"]
+
+
 def serve(
     root: Path,
     kubelet_dir: Path,
@@ -125,8 +130,7 @@ def serve(
     events: Path | None = None,
 ) -> Child:
     """A `deviceplugin serve` on a simulated node, logging to <root>/serve.log (not started)."""
-    command = [str(_CONSOLE)] if _CONSOLE.exists() else [PYTHON, "-m", "deviceplugin"]
-    argv = [*command, "serve", "--simulate", simulate, "--kubelet-dir", str(kubelet_dir)]
+    argv = [*_deviceplugin(), "serve", "--simulate", simulate, "--kubelet-dir", str(kubelet_dir)]
     # Never the host's spec directory: serve removes a spec it does not want, and this host may
     # be a real node (or run the real-cluster tests) whose plugin wrote one there.
     argv += ["--cdi-spec-dir", str(root / "cdi")]
@@ -140,8 +144,7 @@ def serve(
 def dra_serve(root: Path, kubelet_root: Path, simulate: str, kubeconfig: Path, node: str) -> Child:
     """A `deviceplugin dra serve` on a simulated node, publishing to the API server named in
     `kubeconfig`, logging to <root>/dra-serve.log (not started)."""
-    command = [str(_CONSOLE)] if _CONSOLE.exists() else [PYTHON, "-m", "deviceplugin"]
-    argv = [*command, "dra", "serve", "--simulate", simulate, "--node-name", node]
+    argv = [*_deviceplugin(), "dra", "serve", "--simulate", simulate, "--node-name", node]
     argv += ["--kubelet-root", str(kubelet_root), "--kubeconfig", str(kubeconfig)]
     argv += ["--cdi-spec-dir", str(root / "cdi")]
     return Child(argv, root / "dra-serve.log")

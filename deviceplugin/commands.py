@@ -12,7 +12,7 @@ import yaml
 from deviceplugin.cdispec import node_spec
 from deviceplugin.cli import Settings
 from deviceplugin.host import open_host_config, open_nvml, proc_root
-from deviceplugin.model.cdi import cdi_enabled
+from deviceplugin.model.allocation import cdi_enabled
 from deviceplugin.model.config import load_config, parse_config, summary
 from deviceplugin.model.config_keys import read_text
 from deviceplugin.model.errors import ConfigError, DevicePluginError

@@ -180,10 +180,6 @@ class Supervisor:
         """The node's devices as last discovered; None before discovery or without NVML."""
         return self._inventory
 
-    @property
-    def config_path(self) -> str | None:
-        return self._config_file.path
-
     def use_config_file(self, path: str) -> None:
         """Read the config from `path` from now on (the node's named config): the next reload
         applies it, or refuses it and keeps the config in force."""

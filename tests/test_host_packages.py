@@ -55,6 +55,9 @@ def test_build_sh_checks_what_its_steps_use() -> None:
     """cgo and the static pause binary need the compiler and libc; the seccomp tag, libseccomp."""
     script = BUILD.read_text()
     needs = set(re.findall(r"^\s*need \S+ (\S+) \S+$", script, re.MULTILINE))
+    assert "CGO_ENABLED=1" in script and re.search(r'-tags "[^"]*\bseccomp\b', script), (
+        "the patterns no longer find build.sh's cgo and seccomp steps"
+    )
     if "CGO_ENABLED=1" in script or re.search(r"^\s*step .* gcc ", script, re.MULTILINE):
         assert {"gcc", "libc.a"} <= needs
     if re.search(r'-tags "[^"]*\bseccomp\b', script):

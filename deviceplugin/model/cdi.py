@@ -19,12 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# cdi_enabled and spec_file_name live with the strategies, so that a node without a CDI
-# strategy decides that, and removes a stale spec, without importing this module.
 from deviceplugin.model.allocation import CDI_KIND, IdStrategy
-from deviceplugin.model.allocation import CDI_STRATEGIES as CDI_STRATEGIES
-from deviceplugin.model.allocation import cdi_enabled as cdi_enabled
-from deviceplugin.model.allocation import spec_file_name as spec_file_name
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import struct
 import threading
@@ -55,6 +56,7 @@ _KINDS = (  # the first that applies names an event
 _HEADER = struct.Struct("iIII")  # wd, mask, cookie, length of the name
 
 
+@functools.cache
 def _libc() -> Any:
     libc = ctypes.CDLL(None, use_errno=True)
     if not hasattr(libc, "inotify_init1"):

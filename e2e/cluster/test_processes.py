@@ -14,11 +14,11 @@ from e2e.cluster import node
 from e2e.cluster.kube import apply, delete_workloads, pod_running, wait_until, workload_pod
 
 
-def shims() -> dict[int, int]:
-    """pid -> parent pid of every containerd shim."""
+def shims(processes: dict[int, tuple[str, str, int]] | None = None) -> dict[int, int]:
+    """pid -> parent pid of every containerd shim, in `processes` or in a fresh look."""
     return {
         pid: ppid
-        for pid, (comm, state, ppid) in node.processes().items()
+        for pid, (comm, state, ppid) in (processes or node.processes()).items()
         if comm == "containerd-shim" and state != "Z"
     }
 
@@ -38,8 +38,9 @@ def test_components_and_shims_are_the_reapers_children(running_pod: None) -> Non
     for name in node.STOP_ORDER:
         pid = node.pid_of(name)
         assert pid and processes[pid][2] == reaper, f"{name}: {processes.get(pid or 0)}"
-    assert shims(), "no shim: the check would prove nothing"
-    assert set(shims().values()) == {reaper}
+    found = shims(processes)
+    assert found, "no shim: the check would prove nothing"
+    assert set(found.values()) == {reaper}
 
 
 def test_a_deleted_pods_shim_is_reaped_not_left_defunct(running_pod: None) -> None:
