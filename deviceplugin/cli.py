@@ -118,6 +118,9 @@ _OVERRIDE_HELP = {
     "nvidia_dev_root": "dev root on the host (default: the driver root)",
     "cdi_annotation_prefix": "prefix of the CDI annotation key (default cdi.k8s.io/)",
     "shared_devices_allocation_policy": "distributed or packed",
+    "gdrcopy_enabled": "true (default) or false: NVIDIA_GDRCOPY=enabled in each container",
+    "gds_enabled": "true (default) or false: NVIDIA_GDS=enabled in each container",
+    "mofed_enabled": "true (default) or false: NVIDIA_MOFED=enabled in each container",
 }
 
 _DEVICE_PLUGIN_ENV = frozenset(ENV_OVERRIDES[key] for key in DEVICE_PLUGIN_ONLY)

@@ -26,7 +26,7 @@ from deviceplugin.model.allocation import (
     container_response,
     validate_request,
 )
-from deviceplugin.model.config import Config, parse_config
+from deviceplugin.model.config import Config, load_config_text, parse_config
 from deviceplugin.model.devices import Device, Health, MigDevice
 from deviceplugin.model.errors import AllocationError, ConfigError
 from deviceplugin.model.hostpaths import parse_mig_minors
@@ -147,6 +147,10 @@ class Case:
             {
                 "flags": {
                     "nvidiaDriverRoot": str(root),
+                    # The feature variables have tests of their own (test_feature_envs_*).
+                    "gdrcopyEnabled": False,
+                    "gdsEnabled": False,
+                    "mofedEnabled": False,
                     "plugin": {
                         "deviceListStrategy": list(self.strategies),
                         "deviceIDStrategy": self.id_strategy,
@@ -467,6 +471,44 @@ def test_options_from_default_config() -> None:
         dev_root="/",
         cdi_annotation_prefix="cdi.k8s.io/",
         cdi_kind="k8s.device-plugin.nvidia.com/gpu",
+        feature_envs=("NVIDIA_GDRCOPY", "NVIDIA_GDS", "NVIDIA_MOFED"),
+    )
+
+
+FEATURES = {
+    "gdrcopyEnabled": "NVIDIA_GDRCOPY",
+    "gdsEnabled": "NVIDIA_GDS",
+    "mofedEnabled": "NVIDIA_MOFED",
+}
+
+
+@pytest.mark.parametrize("key", FEATURES)
+@pytest.mark.parametrize("strategy", ["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"])
+def test_feature_envs_are_on_by_default_and_off_by_their_key(
+    key: str, strategy: str, host: HostDevices
+) -> None:
+    """As in the reference v0.19.0: every response asks the NVIDIA runtime for GDRCopy, GDS and
+    MOFED unless the config turns one off, whatever the device list strategy."""
+    devices = validate_request(SHARED, ("GPU-aaaa::0",))
+    plugin = {"deviceListStrategy": [strategy]}
+    default = AllocateOptions.from_config(_config({"flags": {"plugin": plugin}}))
+    assert (
+        container_response(devices, default, host).envs.items()
+        >= {name: "enabled" for name in FEATURES.values()}.items()
+    )
+    off = AllocateOptions.from_config(_config({"flags": {key: False, "plugin": plugin}}))
+    envs = container_response(devices, off, host).envs
+    assert FEATURES[key] not in envs
+    assert all(envs[name] == "enabled" for other, name in FEATURES.items() if other != key)
+
+
+def test_feature_envs_follow_the_reference_environment_variable() -> None:
+    config = load_config_text(
+        "version: v1\nflags: {gdsEnabled: true}\n", None, {}, {"GDS_ENABLED": "false"}
+    )
+    assert AllocateOptions.from_config(config.config).feature_envs == (
+        "NVIDIA_GDRCOPY",
+        "NVIDIA_MOFED",
     )
 
 

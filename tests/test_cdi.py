@@ -30,7 +30,7 @@ from deviceplugin.model.config import Config, load_config_text
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.hostpaths import capability_node, host_path
 from deviceplugin.node.cdiwriter import SpecWriter
-from deviceplugin.node.discovery import discover
+from deviceplugin.node.discovery import discover, sysfs_numa_reader
 from deviceplugin.node.hostscan import scan_host
 from deviceplugin.sim.hostroot import (
     CAPS_MAJOR,
@@ -447,6 +447,10 @@ def test_sim_root_writes_a_tree_serve_can_use(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "tree/proc/driver/nvidia-caps/mig-minors").stat().st_size > 0
     assert (tmp_path / "tree/dev/nvidia7").exists()
+    # NUMA affinity where the kernel shows it, as discovery reads it from a real host.
+    node = read_node(resolve_node_path(PRESET))
+    read_numa = sysfs_numa_reader(str(tmp_path / "tree"))
+    assert [read_numa(gpu.pci_bus_id) for gpu in node.gpus] == [gpu.numa_node for gpu in node.gpus]
     refused = cli("sim-root", "no-such-node", str(tmp_path / "other"))
     assert refused.returncode != 0 and "no-such-node" in refused.stderr
 

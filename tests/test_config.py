@@ -802,10 +802,6 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
             "flags: {gdrcopyEnabled: true, gdsEnabled: false, mofedEnabled: true, "
             "useNodeFeatureAPI: true, deviceDiscoveryStrategy: auto}",
             [
-                "flags.gdrcopyEnabled: not used by this plugin (GDRCopy is not injected); ignored",
-                "flags.gdsEnabled: not used by this plugin (GPUDirect Storage is not injected); "
-                "ignored",
-                "flags.mofedEnabled: not used by this plugin (MOFED is not injected); ignored",
                 "flags.useNodeFeatureAPI: not used by this plugin (it configures "
                 "gpu-feature-discovery); ignored",
                 "flags.deviceDiscoveryStrategy: not used by this plugin (devices are always "
@@ -882,6 +878,9 @@ def test_env_overrides_table() -> None:
         "nvidia_driver_root": "NVIDIA_DRIVER_ROOT",
         "nvidia_dev_root": "NVIDIA_DEV_ROOT",
         "cdi_annotation_prefix": "CDI_ANNOTATION_PREFIX",
+        "gdrcopy_enabled": "GDRCOPY_ENABLED",
+        "gds_enabled": "GDS_ENABLED",
+        "mofed_enabled": "MOFED_ENABLED",
         "shared_devices_allocation_policy": "SHARED_DEVICES_ALLOCATION_POLICY",
     }
 

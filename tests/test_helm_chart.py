@@ -87,7 +87,8 @@ def test_the_chart_is_this_version() -> None:
 
 def test_values_use_the_reference_charts_names() -> None:
     assert set(VALUES["config"]) == {"map", "default", "name"}
-    for key in ("migStrategy", "failOnInitError", "deviceListStrategy", "deviceIDStrategy"):
+    overrides = ("migStrategy", "failOnInitError", "deviceListStrategy", "deviceIDStrategy")
+    for key in (*overrides, "gdsEnabled", "mofedEnabled"):
         assert key in VALUES and VALUES[key] is None  # unset: the config files decide
     for key in ("nvidiaDriverRoot", "runtimeClassName"):
         assert key in VALUES
@@ -118,6 +119,15 @@ def test_the_environment_is_what_the_programs_read(args: tuple[str, ...]) -> Non
         assert set(container_env(ds)) - SERVE_ENV_VARS - OTHER_ENV == set()
         annotations = ds["spec"]["template"]["metadata"].get("annotations") or {}
         assert not [key for key in annotations if "checksum" in key]
+
+
+@needs_helm
+def test_feature_switches_are_rendered_only_when_set() -> None:
+    env = container_env(plugin(render()))
+    assert not {"GDS_ENABLED", "MOFED_ENABLED", "GDRCOPY_ENABLED"} & set(env)
+    env = container_env(plugin(render("--set", "gdsEnabled=false", "--set", "mofedEnabled=true")))
+    assert (env["GDS_ENABLED"], env["MOFED_ENABLED"]) == ("false", "true")
+    assert "GDRCOPY_ENABLED" not in env
 
 
 @needs_helm

@@ -80,11 +80,14 @@ def test_allocate_maps_replicas_and_mig_devices_to_physical_uuids() -> None:
             response = await kubelet.allocate(GPU, [same_gpu, [replicas[-1]]])
             assert len(response.container_responses) == 2
             first, second = (dict(r.envs) for r in response.container_responses)
-            assert first == {"NVIDIA_VISIBLE_DEVICES": same_gpu[0].split("::")[0]}
-            assert second == {"NVIDIA_VISIBLE_DEVICES": replicas[-1].split("::")[0]}
+            # The reference's GDRCopy, GDS and MOFED switches are on by default.
+            features = dict.fromkeys(("NVIDIA_GDRCOPY", "NVIDIA_GDS", "NVIDIA_MOFED"), "enabled")
+            assert first == {"NVIDIA_VISIBLE_DEVICES": same_gpu[0].split("::")[0], **features}
+            assert second == {"NVIDIA_VISIBLE_DEVICES": replicas[-1].split("::")[0], **features}
             mig = sorted(kubelet.devices(MIG))[3]
             response = await kubelet.allocate(MIG, [[mig]])
-            assert dict(response.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": mig}
+            envs = dict(response.container_responses[0].envs)
+            assert envs == {"NVIDIA_VISIBLE_DEVICES": mig, **features}
 
     run(body())
 

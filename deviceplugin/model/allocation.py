@@ -105,6 +105,9 @@ class AllocateOptions:
     dev_root: str = "/"
     cdi_annotation_prefix: str = "cdi.k8s.io/"
     cdi_kind: str = CDI_KIND
+    # Variables every response carries, whatever the strategy (the reference's GDRCopy, GDS and
+    # MOFED switches: `NVIDIA_GDS=enabled` asks the NVIDIA runtime to add GPUDirect Storage).
+    feature_envs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         strategies = self.device_list_strategy
@@ -133,12 +136,24 @@ class AllocateOptions:
             pass_device_specs=plugin.pass_device_specs,
             dev_root=config.flags.dev_root,
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
+            feature_envs=feature_envs(config),
         )
 
     @property
     def cdi_only(self) -> bool:
         """Every strategy is CDI: the runtime injects everything, so no env, mount or spec."""
         return all(s in ("cdi-annotations", "cdi-cri") for s in self.device_list_strategy)
+
+
+def feature_envs(config: Config) -> tuple[str, ...]:
+    """The feature variables `config` switches on, in the reference's order."""
+    flags = config.flags
+    switches = (
+        ("NVIDIA_GDRCOPY", flags.gdrcopy_enabled),
+        ("NVIDIA_GDS", flags.gds_enabled),
+        ("NVIDIA_MOFED", flags.mofed_enabled),
+    )
+    return tuple(name for name, enabled in switches if enabled)
 
 
 def validate_request(resource: ResourceSet, device_ids: Sequence[str]) -> tuple[Device, ...]:
@@ -183,9 +198,9 @@ def container_response(
         key = _cdi_annotation_key(options.cdi_annotation_prefix, cdi_names)
         annotations[key] = ",".join(cdi_names)
     cdi_devices = cdi_names if "cdi-cri" in strategies else ()
+    envs = dict.fromkeys(options.feature_envs, "enabled")
     if options.cdi_only:
-        return ContainerResponse(annotations=annotations, cdi_devices=cdi_devices)
-    envs: dict[str, str] = {}
+        return ContainerResponse(envs=envs, annotations=annotations, cdi_devices=cdi_devices)
     mounts: tuple[Mount, ...] = ()
     if "envvar" in strategies:
         envs[VISIBLE_DEVICES] = ",".join(ids)

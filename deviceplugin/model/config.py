@@ -160,6 +160,12 @@ class Flags:
     nvidia_driver_root: str = field("nvidiaDriverRoot", checked(string, _absolute), "/")
     # None: the same as nvidia_driver_root (see dev_root)
     nvidia_dev_root: str | None = field("nvidiaDevRoot", nullable(checked(string, _absolute)), None)
+    # Ask the NVIDIA runtime to add GDRCopy, GPUDirect Storage and MOFED support to every
+    # container (NVIDIA_GDRCOPY/NVIDIA_GDS/NVIDIA_MOFED=enabled): on by default, as in the
+    # reference plugin v0.19.0.
+    gdrcopy_enabled: bool = field("gdrcopyEnabled", boolean, True)
+    gds_enabled: bool = field("gdsEnabled", boolean, True)
+    mofed_enabled: bool = field("mofedEnabled", boolean, True)
     plugin: PluginFlags = field("plugin", model(PluginFlags), PluginFlags())
 
     @property

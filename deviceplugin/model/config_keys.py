@@ -77,9 +77,6 @@ SCHEMA: Mapping[str, Shape] = {
 # Keys the reference defines but this plugin does not act on: path -> why.
 UNUSED: Mapping[str, str] = {
     "flags.mpsRoot": "MPS is not supported",
-    "flags.gdrcopyEnabled": "GDRCopy is not injected",
-    "flags.gdsEnabled": "GPUDirect Storage is not injected",
-    "flags.mofedEnabled": "MOFED is not injected",
     "flags.useNodeFeatureAPI": "it configures gpu-feature-discovery",
     "flags.deviceDiscoveryStrategy": "devices are always discovered through NVML",
     "flags.gfd": "it configures gpu-feature-discovery",
@@ -112,6 +109,9 @@ _OVERRIDES: Mapping[str, _Override] = {
     "cdi_annotation_prefix": _Override(
         "CDI_ANNOTATION_PREFIX", ("flags", "plugin", "cdiAnnotationPrefix")
     ),
+    "gdrcopy_enabled": _Override("GDRCOPY_ENABLED", ("flags", "gdrcopyEnabled"), "bool"),
+    "gds_enabled": _Override("GDS_ENABLED", ("flags", "gdsEnabled"), "bool"),
+    "mofed_enabled": _Override("MOFED_ENABLED", ("flags", "mofedEnabled"), "bool"),
     "shared_devices_allocation_policy": _Override(
         "SHARED_DEVICES_ALLOCATION_POLICY", ("flags", "plugin", "sharedDevicesAllocationPolicy")
     ),

@@ -1,7 +1,8 @@
 """The files a simulated node's driver would put on the host, laid out under one directory.
 
 Stands for the whole host: `dev/` (GPU, control and MIG capability nodes), `proc/devices` and
-`proc/driver/nvidia-caps/mig-minors` (what the kernel module publishes), and placeholder
+`proc/driver/nvidia-caps/mig-minors` (what the kernel module publishes), each GPU's
+`sys/bus/pci/devices/<bus id>/numa_node`, and placeholder
 user-space files of the node's driver version (`usr/lib/x86_64-linux-gnu/libcuda.so.<ver>` with
 its soname links, `usr/bin/nvidia-smi`, GSP firmware). Run as root, the device nodes are real
 character devices with the driver's majors and minors (a runtime can pass them into a
@@ -28,6 +29,7 @@ from deviceplugin.model.hostpaths import (
     compute_instance_key,
     gpu_instance_key,
 )
+from deviceplugin.node.discovery import sysfs_bus_id
 from deviceplugin.sim.node import Node
 from deviceplugin.sim.nodejson import render
 
@@ -49,6 +51,8 @@ FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 # Where the simulated library looks, relative to DIR (native/node.c says the same).
 LIBRARY_NODE_FILE = f"{LIBRARY_DIR}/deviceplugin-sim-node.json"
 EVENTS_FILE = "etc/deviceplugin-sim/events.jsonl"
+# Each GPU's PCI function as the kernel shows it; NUMA affinity is read from here.
+SYSFS_PCI_DEVICES = "sys/bus/pci/devices"
 
 
 def gpu_instance_minor(gpu: int, gpu_instance: int) -> int:
@@ -139,6 +143,11 @@ def lay_out(node: Node, root: Path, every_instance: bool = True) -> bool:
         (root / "usr/bin" / binary).chmod(0o755)
     for firmware in FIRMWARE:
         _write(root / "lib/firmware/nvidia" / version / firmware, b"placeholder firmware\n")
+    for gpu in node.gpus:
+        numa = -1 if gpu.numa_node is None else gpu.numa_node  # the kernel's "no affinity"
+        _write(
+            root / SYSFS_PCI_DEVICES / sysfs_bus_id(gpu.pci_bus_id) / "numa_node", b"%d\n" % numa
+        )
     return real
 
 
