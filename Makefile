@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo demo-dra lint bench protos image image-dra e2e cluster-images cluster cluster-down e2e-cluster bench-cluster clean
+.PHONY: test demo demo-dra lint bench protos image image-dra e2e compat cluster-images cluster cluster-down e2e-cluster bench-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,16 @@ e2e: $(STAMP)
 	E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) e2e/setup-host.sh
 	$(MAKE) image BASE_IMAGE=$(E2E_BASE_IMAGE) IMAGE=$(E2E_IMAGE)
 	IMAGE=$(E2E_IMAGE) E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) $(PY) -m pytest -p no:cacheprovider -v --ignore=e2e/cluster e2e
+
+# NVIDIA's reference device plugin v0.19.0 as the oracle (docs/compatibility.md): both plugins on
+# the same simulated node with the same config, compared field by field over the whole matrix
+# (about 2 min; `make e2e` runs a subset). Root: the reference runs in a mount namespace. Needs
+# Go and gcc to build NVIDIA's binaries once (e2e/reference/build.sh; cached outside the clone).
+compat: $(STAMP)
+	@if [ "$$(id -u)" -ne 0 ]; then echo "make compat needs root (mount namespaces): sudo make compat" >&2; exit 2; fi
+	$(BYTECODE)
+	$(PY) -m deviceplugin.sim.libbuild >/dev/null
+	$(PY) -m e2e.reference.compat
 
 # A real single-node Kubernetes 1.37 cluster built from source (e2e/cluster/: Go 1.26, root; the
 # build is cached outside the clone). `make cluster` brings it up with the plugin's images

@@ -1,0 +1,154 @@
+"""What a device plugin advertises to the kubelet, read through our kubelet emulator and reduced
+to plain, comparable data: resources, devices with health and topology, options, Allocate
+answers for one, two and all IDs, and preferred allocations for a few requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from deviceplugin.kubelet.v1beta1 import api_pb2
+from deviceplugin.sim.kubelet import KubeletEmulator
+from e2e.reference.plugins import PluginProcess
+
+REGISTER_TIMEOUT = 20.0
+QUIET_SECONDS = 0.4  # no new registration for this long: every resource has registered
+
+Plain = dict[str, Any]
+CDI_KEY_ID = re.compile(r"^(cdi\.k8s\.io/[^_]+_).+$")
+
+
+@dataclass
+class Advertised:
+    """One plugin's answers on one case. `failed` says why it never served (then all else is
+    empty): both plugins refusing the same input agree."""
+
+    resources: dict[str, Plain] = field(default_factory=dict)
+    failed: str = ""
+
+
+def container_response(response: api_pb2.ContainerAllocateResponse) -> Plain:
+    """One container's Allocate answer, in an order-free form. A CDI annotation key ends in
+    an ID unique to the response (the reference draws a random one), shown as `<id>`."""
+    return {
+        "envs": dict(response.envs),
+        "mounts": sorted([m.container_path, m.host_path, m.read_only] for m in response.mounts),
+        "devices": sorted([d.container_path, d.host_path, d.permissions] for d in response.devices),
+        "annotations": {
+            CDI_KEY_ID.sub(r"\1<id>", key): value for key, value in response.annotations.items()
+        },
+        "cdi_devices": sorted(device.name for device in response.cdi_devices),
+    }
+
+
+def options(message: api_pb2.DevicePluginOptions) -> Plain:
+    return {
+        "pre_start_required": message.pre_start_required,
+        "get_preferred_allocation_available": message.get_preferred_allocation_available,
+    }
+
+
+def allocation_requests(ids: list[str]) -> dict[str, list[str]]:
+    """One, two and all of the IDs (sorted), as the kubelet might ask."""
+    requests = {"one": ids[:1], "all": ids}
+    if len(ids) >= 2:
+        requests["two"] = ids[:2]
+    return requests
+
+
+def preferred_requests(ids: list[str]) -> dict[str, tuple[list[str], int]]:
+    """A few GetPreferredAllocation requests: (must include, size) over all IDs."""
+    requests: dict[str, tuple[list[str], int]] = {}
+    for size in (2, 4):
+        if len(ids) > size:
+            requests[f"{size} of {len(ids)}"] = ([], size)
+    if len(ids) > 2:
+        requests[f"2 of {len(ids)} including the last"] = ([ids[-1]], 2)
+    return requests
+
+
+def valid_preference(chosen: list[str], available: list[str], must: list[str], size: int) -> bool:
+    """What the kubelet needs of an answer: `size` distinct available IDs, the required ones
+    among them."""
+    return (
+        len(chosen) == size == len(set(chosen))
+        and set(chosen) <= set(available)
+        and set(must) <= set(chosen)
+    )
+
+
+def _error(exc: grpc.aio.AioRpcError) -> str:
+    return f"error {exc.code().name}"
+
+
+async def _resource(kubelet: KubeletEmulator, resource: str) -> Plain:
+    devices = kubelet.devices(resource)
+    ids = sorted(devices)
+    endpoint = kubelet.endpoints[resource]
+    answers: Plain = {
+        "devices": {
+            device_id: {"health": device.health, "numa": list(device.numa_nodes)}
+            for device_id, device in devices.items()
+        },
+        "options": options(endpoint.options),
+        "allocate": {},
+        "preferred": {},
+    }
+    for label, request in allocation_requests(ids).items():
+        try:
+            response = await kubelet.allocate(resource, [request])
+            answers["allocate"][label] = container_response(response.container_responses[0])
+        except grpc.aio.AioRpcError as exc:
+            answers["allocate"][label] = _error(exc)
+    if endpoint.options.get_preferred_allocation_available:
+        for label, (must, size) in preferred_requests(ids).items():
+            try:
+                chosen = await kubelet.preferred(resource, ids, must, size)
+                answers["preferred"][label] = {
+                    "ids": sorted(chosen),  # a set to the kubelet
+                    "valid": valid_preference(chosen, ids, must, size),
+                }
+            except grpc.aio.AioRpcError as exc:
+                answers["preferred"][label] = _error(exc)
+    return answers
+
+
+async def wait_registered(kubelet: KubeletEmulator, plugin: PluginProcess) -> str:
+    """Wait until the plugin has registered every resource it will and each has sent its
+    first device list; returns why not ("" when it did)."""
+    deadline = time.monotonic() + REGISTER_TIMEOUT
+    last_change, seen = time.monotonic(), -1
+    while time.monotonic() < deadline:
+        code = plugin.exit_code()
+        if code is not None:
+            return f"exited with status {code}: {plugin.tail(6)}"
+        count = len(kubelet.registrations)
+        if count != seen:
+            seen, last_change = count, time.monotonic()
+        listed = all(endpoint.updates for endpoint in kubelet.endpoints.values())
+        if kubelet.endpoints and listed and time.monotonic() - last_change >= QUIET_SECONDS:
+            return ""
+        await asyncio.sleep(0.05)
+    if not kubelet.endpoints:
+        return f"registered nothing in {REGISTER_TIMEOUT:.0f} s: {plugin.tail(6)}"
+    return f"a resource sent no device list in {REGISTER_TIMEOUT:.0f} s"
+
+
+async def advertised(kubelet: KubeletEmulator, plugin: PluginProcess) -> Advertised:
+    """Start `plugin`, read everything it advertises through `kubelet`, stop it."""
+    with plugin:
+        failed = await wait_registered(kubelet, plugin)
+        if failed:
+            return Advertised(failed=failed)
+        refused = [r for r in kubelet.registrations if not r.ok]
+        if refused:
+            return Advertised(failed=f"registration refused: {refused[0].error}")
+        return Advertised(
+            resources={name: await _resource(kubelet, name) for name in kubelet.resources()}
+        )

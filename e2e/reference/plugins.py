@@ -1,0 +1,199 @@
+"""The two device plugins as processes on one simulated driver root: NVIDIA's reference plugin
+(built by build.sh) and ours, each started the way a node runs it, against our kubelet emulator.
+
+The reference always puts its sockets in /var/lib/kubelet/device-plugins, reads
+/proc/driver/nvidia-caps from the host's /proc, NUMA affinity from /sys/bus/pci/devices and
+looks for the control device nodes in /dev, and with a CDI strategy writes its spec to
+/var/run/cdi. So it runs in a mount namespace of its own (root), where a bind mount puts the
+emulator's directory at that path and tmpfs and bind mounts give it the driver root's
+/proc/driver, /dev nodes and sysfs, and an empty /var/run/cdi: the host sees none of it. Ours
+takes the driver root, the kubelet directory and the CDI directory as flags.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD = Path(__file__).resolve().parent / "build.sh"
+KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+# What either plugin reads from the environment; neither may see the caller's.
+PLUGIN_ENV_PREFIXES = ("NVIDIA_", "CONTAINER_DRIVER_ROOT", "DP_", "MIG_", "CONFIG_FILE")
+PLUGIN_ENV_NAMES = (
+    "FAIL_ON_INIT_ERROR",
+    "PASS_DEVICE_SPECS",
+    "DEVICE_LIST_STRATEGY",
+    "DEVICE_ID_STRATEGY",
+    "CDI_ANNOTATION_PREFIX",
+    "DEVICE_DISCOVERY_STRATEGY",
+    "KUBELET_SOCKET",
+)
+
+
+class ReferenceUnavailable(Exception):
+    """The reference cannot be built or run here (no Go, no gcc, not root)."""
+
+
+def reference_binaries() -> Path:
+    """The folder holding NVIDIA's binaries, built (or found in the cache) by build.sh."""
+    if shutil.which("go") is None:
+        raise ReferenceUnavailable("Go is not installed: build.sh needs it to build the reference")
+    done = subprocess.run(
+        [str(BUILD)], capture_output=True, text=True, check=False, env=_build_env()
+    )
+    if done.returncode != 0:
+        raise ReferenceUnavailable(f"build.sh failed:\n{done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def _build_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOTOOLCHAIN", "auto")
+    return env
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise ReferenceUnavailable("the reference plugin runs in a mount namespace: needs root")
+
+
+def sim_root(preset: str, directory: Path) -> Path:
+    """`deviceplugin sim-root PRESET DIR`: a driver root with the simulated NVML library."""
+    done = subprocess.run(
+        [sys.executable, "-m", "deviceplugin", "sim-root", preset, str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"sim-root {preset}: {done.stderr.strip()}")
+    return directory
+
+
+def plugin_env() -> dict[str, str]:
+    """The caller's environment without anything either plugin would read as a setting."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(PLUGIN_ENV_PREFIXES) and key not in PLUGIN_ENV_NAMES
+    }
+
+
+@dataclass
+class PluginProcess:
+    """One plugin process; a context manager that always stops it (SIGTERM, then SIGKILL)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    started: float = 0.0
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> PluginProcess:
+        with self.log.open("ab") as out:
+            self.started = time.monotonic()
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=REPO,
+                start_new_session=True,
+            )
+        return self
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} is not running")
+        return self._proc.pid
+
+    def exit_code(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    def tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 5.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        # The reference runs under `unshare`: signal the whole session so it ends too.
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def __enter__(self) -> PluginProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def reference(
+    binaries: Path, root: Path, kubelet_dir: Path, config: Path, log: Path
+) -> PluginProcess:
+    """NVIDIA's plugin on driver root `root`, registering with `kubelet_dir/kubelet.sock`."""
+    script = "\n".join(
+        [
+            "set -e",
+            "mount --make-rprivate /",
+            f"mkdir -p {KUBELET_PLUGIN_DIR} /var/run/cdi",
+            f'mount --bind "$KUBELET_DIR" {KUBELET_PLUGIN_DIR}',
+            "mount -t tmpfs -o mode=0755 compat-driver /proc/driver",
+            'cp -r "$DRIVER_ROOT/proc/driver/." /proc/driver/',
+            "mount -t tmpfs -o mode=0755 compat-cdi /var/run/cdi",
+            # A GPU node's /dev (the reference looks for the control nodes there) and its PCI
+            # functions' NUMA affinity (read from /sys): the driver root's.
+            'mkdir -p "$WORK/dev"',
+            'cp -a /dev/null /dev/zero /dev/full /dev/random /dev/urandom "$WORK/dev/"',
+            'find "$DRIVER_ROOT/dev" -maxdepth 1 -name "nvidia*" ! -type d'
+            ' -exec cp -a -t "$WORK/dev/" {} +',
+            "mount -t tmpfs -o mode=0755 compat-dev /dev",
+            'cp -a "$WORK/dev/." /dev/',
+            'mount --bind "$DRIVER_ROOT/sys/bus/pci/devices" /sys/bus/pci/devices',
+            'exec "$PLUGIN" --config-file "$CONFIG" --kubelet-socket "$KUBELET_DIR/kubelet.sock"',
+        ]
+    )
+    env = plugin_env() | {
+        "PLUGIN": str(binaries / "nvidia-device-plugin"),
+        "DRIVER_ROOT": str(root),
+        "KUBELET_DIR": str(kubelet_dir),
+        "CONFIG": str(config),
+        "WORK": str(log.parent),
+        "NVIDIA_DRIVER_ROOT": str(root),
+        "CONTAINER_DRIVER_ROOT": str(root),
+    }
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    return PluginProcess("reference", argv, env, log)
+
+
+def ours(root: Path, kubelet_dir: Path, config: Path, cdi_dir: Path, log: Path) -> PluginProcess:
+    """`deviceplugin serve` on the same driver root, with the same config file."""
+    console = Path(sys.executable).parent / "deviceplugin"
+    command = [str(console)] if console.exists() else [sys.executable, "-m", "deviceplugin"]
+    argv = [*command, "serve", "--config-file", str(config), "--kubelet-dir", str(kubelet_dir)]
+    argv += ["--nvidia-driver-root", str(root), "--cdi-spec-dir", str(cdi_dir)]
+    return PluginProcess("ours", argv, plugin_env(), log)

@@ -1,0 +1,95 @@
+"""NVIDIA's reference device plugin and ours, compared on the same simulated node (compat.py):
+CI's subset of the matrix has no unexplained difference, and each documented difference
+(docs/compatibility.md) still shows where it is expected to, so one that goes away is noticed.
+Runs in `make e2e` (root: the reference runs in a mount namespace; Go builds it, cached)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from e2e.reference import compat, plugins
+from e2e.reference.advertised import Advertised
+from e2e.reference.known import KNOWN, Difference, explain
+
+# For each documented difference, a case of the full matrix that shows it.
+SHOWN_BY = {
+    "Time-slicing: `rename` and `devices` are honoured": (
+        "config/dedicated-and-shared.yaml on a10-x8"
+    ),
+    "Refusals: INVALID_ARGUMENT, not UNKNOWN": (
+        "time-slicing x3, renameByDefault False, failRequestsGreaterThanOne True on a10-x8"
+    ),
+    "Device order: the request's, not a Go map's": (
+        "envvar, passDeviceSpecs False, index IDs on a10-x8"
+    ),
+    "Device nodes: each listed once": (
+        "envvar, passDeviceSpecs True, uuid IDs on a100-80gb-x8-mixed"
+    ),
+    "Preferred allocation: policy and ties": "config/seed.yaml on a10-x8",
+}
+
+
+@pytest.fixture(scope="module")
+def binaries() -> Path:
+    try:
+        plugins.require_root()
+        return plugins.reference_binaries()
+    except plugins.ReferenceUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def _unexplained(outcomes: list[compat.Outcome]) -> list[str]:
+    return [f"{d.case}: {d}" for o in outcomes for d in o.differences if explain(d) is None]
+
+
+def test_ci_subset_differs_only_where_documented(binaries: Path) -> None:
+    outcomes = asyncio.run(compat.run(compat.quick_matrix(), binaries))
+    assert all(not o.ours.failed and not o.reference.failed for o in outcomes)
+    assert _unexplained(outcomes) == []
+    # The seed config on the MIG preset: both advertise the same resources and device IDs.
+    seed = outcomes[0]
+    assert seed.case.name == "config/seed.yaml on a100-80gb-x8-mixed"
+    assert (
+        set(seed.ours.resources)
+        == set(seed.reference.resources)
+        == {
+            "nvidia.com/gpu",
+            "nvidia.com/mig-1g.10gb",
+        }
+    )
+    for name, answers in seed.ours.resources.items():
+        assert answers["devices"] == seed.reference.resources[name]["devices"]
+
+
+def test_every_documented_difference_has_a_case_that_shows_it() -> None:
+    assert set(SHOWN_BY) == {known.title for known in KNOWN}
+    names = {case.name for case in compat.full_matrix()}
+    assert set(SHOWN_BY.values()) <= names
+
+
+@pytest.mark.parametrize("title", sorted(SHOWN_BY))
+def test_documented_difference_still_shows(title: str, binaries: Path) -> None:
+    (case,) = [c for c in compat.full_matrix() if c.name == SHOWN_BY[title]]
+    (outcome,) = asyncio.run(compat.run([case], binaries))
+    assert _unexplained([outcome]) == []
+    shown = [d for d in outcome.differences if getattr(explain(d), "title", "") == title]
+    assert shown, f"{title!r} no longer shows in {case.name}: update docs/compatibility.md"
+
+
+def test_a_difference_nothing_documents_is_unexplained() -> None:
+    """The comparison can fail: an answer that differs outside every documented entry."""
+    devices = {"GPU-a": {"health": "Healthy", "numa": [0]}}
+    ours = Advertised(resources={"nvidia.com/gpu": {"devices": devices}})
+    reference = Advertised(resources={"nvidia.com/gpu": {"devices": {}}})
+    (difference,) = compat.compare("a case", ours, reference)
+    assert difference == Difference(
+        "a case", "nvidia.com/gpu.devices.GPU-a", devices["GPU-a"], None
+    )
+    assert explain(difference) is None
+    refused = Advertised(failed="exited with status 1")
+    (started,) = compat.compare("a case", ours, refused)
+    assert started.field == "started" and explain(started) is None
+    assert list(compat.compare("a case", refused, Advertised(failed="another reason"))) == []
