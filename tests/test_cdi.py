@@ -141,6 +141,11 @@ def test_index_names_and_common_edits_are_host_paths(host_root: Path) -> None:
     assert mounts[library]["hostPath"] == root + library
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in mounts  # the soname link too
     assert mounts["/usr/bin/nvidia-smi"]["hostPath"] == f"{root}/usr/bin/nvidia-smi"
+    assert mounts.pop("/var/run/nvidia-container-devices/void") == {
+        "hostPath": "/dev/null",  # the opt-out of a legacy runtime reading volume mounts
+        "containerPath": "/var/run/nvidia-container-devices/void",
+        "options": ["ro", "nosuid", "nodev", "bind"],
+    }
     assert all("ro" in m["options"] and m["hostPath"].startswith(root) for m in mounts.values())
 
 
