@@ -439,6 +439,7 @@ def test_cdi_spec_prints_what_serve_writes(host_root: Path) -> None:
     printed = cli("cdi-spec", "-o", "yaml", "--device-list-strategy", "cdi-cri", *args)
     assert printed.returncode == 0, printed.stderr
     spec = yaml.safe_load(printed.stdout)
+    assert "&id" not in printed.stdout  # shared nodes written out, not as anchors
     config = config_with(nvidiaDriverRoot=str(host_root))
     assert spec == node_spec(inventory_of(), config, f"{host_root}/proc")
     unconfigured = cli("cdi-spec", *args)
