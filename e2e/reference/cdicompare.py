@@ -236,9 +236,9 @@ def compare(ours: Mapping[str, Any], theirs: Mapping[str, Any], root: str) -> Ou
             _compare_edits(outcome, name, our_devices[name], their_devices[name], root)
         else:
             kind = "device (MIG-enabled GPU)" if name in parents else "device"
-            ours_has = "present" if name in our_devices else ABSENT
-            theirs_has = "present" if name in their_devices else ABSENT
-            outcome.differences.append(Difference(name, kind, name, ours_has, theirs_has))
+            outcome.differences.append(
+                _presence(name, kind, name, name in our_devices, name in their_devices)
+            )
     _compare_edits(
         outcome, COMMON, ours.get("containerEdits", {}), theirs.get("containerEdits", {}), root
     )
@@ -285,16 +285,7 @@ def _compare_keyed(
     """Entries keyed by path, variable or hook: presence, then each attribute."""
     for key in sorted(ours.keys() | theirs.keys()):
         if key not in ours or key not in theirs:
-            present = "present"
-            outcome.differences.append(
-                Difference(
-                    scope,
-                    kind,
-                    key,
-                    present if key in ours else ABSENT,
-                    present if key in theirs else ABSENT,
-                )
-            )
+            outcome.differences.append(_presence(scope, kind, key, key in ours, key in theirs))
             continue
         outcome.agreed += 1
         for attribute in sorted(ours[key].keys() | theirs[key].keys()):
@@ -306,6 +297,13 @@ def _compare_keyed(
                 ours[key].get(attribute, UNSET),
                 theirs[key].get(attribute, UNSET),
             )
+
+
+def _presence(scope: str, kind: str, key: str, in_ours: bool, in_theirs: bool) -> Difference:
+    """An entry that one side has and the other lacks."""
+    return Difference(
+        scope, kind, key, "present" if in_ours else ABSENT, "present" if in_theirs else ABSENT
+    )
 
 
 def _check(outcome: Outcome, scope: str, name: str, key: str, ours: str, theirs: str) -> None:
