@@ -64,10 +64,18 @@ def cdi_spec(settings: Settings) -> int:
             file=sys.stderr,
         )
     if settings.output == "yaml":
-        print(yaml.safe_dump(spec, sort_keys=False), end="")
+        print(yaml.dump(spec, Dumper=_PlainDumper, sort_keys=False), end="")
     else:
         print(json.dumps(spec, indent=2))
     return 0
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a node shared by two devices (a GPU's and `all`) in full both times, not as a
+    YAML anchor and alias: the printout is for reading and diffing."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def sim_root(settings: Settings) -> int:

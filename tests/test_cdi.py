@@ -141,6 +141,11 @@ def test_index_names_and_common_edits_are_host_paths(host_root: Path) -> None:
     assert mounts[library]["hostPath"] == root + library
     assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in mounts  # the soname link too
     assert mounts["/usr/bin/nvidia-smi"]["hostPath"] == f"{root}/usr/bin/nvidia-smi"
+    assert mounts.pop("/var/run/nvidia-container-devices/void") == {
+        "hostPath": "/dev/null",  # the opt-out of a legacy runtime reading volume mounts
+        "containerPath": "/var/run/nvidia-container-devices/void",
+        "options": ["ro", "nosuid", "nodev", "bind"],
+    }
     assert all("ro" in m["options"] and m["hostPath"].startswith(root) for m in mounts.values())
 
 
@@ -434,6 +439,7 @@ def test_cdi_spec_prints_what_serve_writes(host_root: Path) -> None:
     printed = cli("cdi-spec", "-o", "yaml", "--device-list-strategy", "cdi-cri", *args)
     assert printed.returncode == 0, printed.stderr
     spec = yaml.safe_load(printed.stdout)
+    assert "&id" not in printed.stdout  # shared nodes written out, not as anchors
     config = config_with(nvidiaDriverRoot=str(host_root))
     assert spec == node_spec(inventory_of(), config, f"{host_root}/proc")
     unconfigured = cli("cdi-spec", *args)

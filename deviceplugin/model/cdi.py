@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceplugin.model.allocation import CDI_KIND, IdStrategy
+from deviceplugin.model.allocation import CDI_KIND, VOLUME_MOUNTS_ROOT, IdStrategy
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError
@@ -34,6 +34,10 @@ NVIDIA_MAJOR = 195  # /dev/nvidia<minor>, /dev/nvidiactl: fixed by the driver
 ALL_DEVICES = "all"
 MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 VISIBLE_DEVICES_VOID = "NVIDIA_VISIBLE_DEVICES=void"  # a legacy NVIDIA runtime injects nothing
+# The same opt-out for a legacy runtime that reads device lists from volume mounts
+# (accept-nvidia-visible-devices-as-volume-mounts): /dev/null mounted as the list entry `void`.
+VOLUME_MOUNT_VOID = f"{VOLUME_MOUNTS_ROOT}/void"
+VOID_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 # The oldest version a runtime accepts, then the versions that introduced each feature we test
 # for. Emitting only the minimum keeps older runtimes (podman 4.3 skips >= 0.6.0) working.
 OLDEST_VERSION = "0.3.0"
@@ -112,8 +116,8 @@ def device_edits(
 
 def common_edits(scan: HostScan, options: CdiOptions) -> dict[str, Any]:
     """The containerEdits applied once whenever any device is injected: the legacy runtime's
-    opt-out variable, the control nodes that exist, and read-only mounts of the driver's
-    libraries, binaries and firmware."""
+    opt-outs (a variable and a volume mount), the control nodes that exist, and read-only
+    mounts of the driver's libraries, binaries and firmware."""
     edits: dict[str, Any] = {"env": [VISIBLE_DEVICES_VOID]}
     nodes = [
         _node(node.path, options.dev_root, node.major, node.minor) for node in scan.control_nodes
@@ -121,15 +125,21 @@ def common_edits(scan: HostScan, options: CdiOptions) -> dict[str, Any]:
     if nodes:
         edits["deviceNodes"] = nodes
     files = (*scan.libraries, *scan.binaries, *scan.firmware)
-    if files:
-        edits["mounts"] = [
+    edits["mounts"] = [
+        *(
             {
                 "hostPath": host_path(options.driver_root, path),
                 "containerPath": path,
                 "options": list(MOUNT_OPTIONS),
             }
             for path in files
-        ]
+        ),
+        {
+            "hostPath": "/dev/null",
+            "containerPath": VOLUME_MOUNT_VOID,
+            "options": list(VOID_MOUNT_OPTIONS),
+        },
+    ]
     return edits
 
 

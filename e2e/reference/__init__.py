@@ -1,0 +1,1 @@
+"""NVIDIA's own components built unmodified (`build.sh`), and comparisons of ours with them."""
