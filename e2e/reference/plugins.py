@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -190,10 +191,18 @@ def reference(
     return PluginProcess("reference", argv, env, log)
 
 
-def ours(root: Path, kubelet_dir: Path, config: Path, cdi_dir: Path, log: Path) -> PluginProcess:
-    """`deviceplugin serve` on the same driver root, with the same config file."""
+def ours(
+    root: Path,
+    kubelet_dir: Path,
+    config: Path,
+    cdi_dir: Path,
+    log: Path,
+    extra: Sequence[str] = (),
+) -> PluginProcess:
+    """`deviceplugin serve` on the same driver root, with the same config file (and `extra`
+    flags)."""
     console = Path(sys.executable).parent / "deviceplugin"
     command = [str(console)] if console.exists() else [sys.executable, "-m", "deviceplugin"]
     argv = [*command, "serve", "--config-file", str(config), "--kubelet-dir", str(kubelet_dir)]
-    argv += ["--nvidia-driver-root", str(root), "--cdi-spec-dir", str(cdi_dir)]
+    argv += ["--nvidia-driver-root", str(root), "--cdi-spec-dir", str(cdi_dir), *extra]
     return PluginProcess("ours", argv, plugin_env(), log)
