@@ -101,13 +101,16 @@ compat: $(STAMP)
 # imported, `make cluster-down` removes it; `make e2e-cluster` runs the scenarios in between.
 E2E_DRA_IMAGE ?= localhost/deviceplugin:e2e-dra
 E2E_BUSYBOX_IMAGE ?= localhost/deviceplugin-e2e-busybox:latest
+# NVIDIA's reference plugin, unmodified, beside ours on the real node (e2e/reference/image.sh).
+E2E_REFERENCE_IMAGE ?= localhost/nvidia-device-plugin:v0.19.0
 
 cluster-images: $(STAMP)
 	@if [ "$$(id -u)" -ne 0 ]; then echo "the cluster needs root: sudo make $@" >&2; exit 2; fi
 	E2E_BASE_IMAGE=$(E2E_BASE_IMAGE) e2e/setup-host.sh
 	$(MAKE) image BASE_IMAGE=$(E2E_BASE_IMAGE) IMAGE=$(E2E_IMAGE)
 	$(MAKE) image-dra BASE_IMAGE=$(E2E_BASE_IMAGE) DRA_IMAGE=$(E2E_DRA_IMAGE)
-	e2e/cluster/save-images.sh $(E2E_IMAGE) $(E2E_DRA_IMAGE) $(E2E_BUSYBOX_IMAGE)
+	e2e/reference/image.sh $(E2E_BASE_IMAGE) $(E2E_REFERENCE_IMAGE)
+	e2e/cluster/save-images.sh $(E2E_IMAGE) $(E2E_DRA_IMAGE) $(E2E_BUSYBOX_IMAGE) $(E2E_REFERENCE_IMAGE)
 
 cluster: $(STAMP)
 	e2e/cluster/cluster up
