@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo demo-dra lint bench protos image image-dra e2e compat cluster-images cluster cluster-down e2e-cluster bench-cluster clean
+.PHONY: test demo demo-dra lint bench bench-reference protos image image-dra e2e compat cluster-images cluster cluster-down e2e-cluster bench-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,16 @@ lint: $(LINT_STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# NVIDIA's reference device plugin v0.19.0 and ours in one run, on the same simulated node against
+# the same kubelet emulator: one table, ours ÷ reference (bench/reference.py; docs/performance.md,
+# "Against the reference plugin"; about 45 s). Root: the reference runs in a mount namespace.
+# Needs Go and gcc to build NVIDIA's binaries once, as `make compat` does.
+bench-reference: $(STAMP)
+	@if [ "$$(id -u)" -ne 0 ]; then echo "make bench-reference needs root (mount namespaces): sudo make bench-reference" >&2; exit 2; fi
+	$(BYTECODE)
+	$(PY) -m deviceplugin.sim.libbuild >/dev/null
+	$(PY) -m bench.reference
 
 # The container image, built from wheels made here (image/build.sh): works with no index or
 # registry reachable from the build. The first of podman and docker found, unless CONTAINER_TOOL.

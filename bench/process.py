@@ -39,6 +39,21 @@ def clean_env() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key not in SERVE_ENV_VARS}
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of process `pid` so far, from /proc/<pid>/stat."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    """VmRSS of process `pid`, from /proc/<pid>/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
 class Child:
     """One child process with its output in a log file; a context manager that always stops it."""
 
@@ -73,17 +88,10 @@ class Child:
         return self._proc is not None and self._proc.poll() is None
 
     def cpu_seconds(self) -> float:
-        """utime + stime of every thread so far, from /proc/<pid>/stat."""
-        text = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = text[text.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / _TICKS
+        return cpu_seconds(self.pid)
 
     def rss_bytes(self) -> int:
-        """VmRSS from /proc/<pid>/status."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+        return rss_bytes(self.pid)
 
     def tail(self, lines: int = 20) -> str:
         """The last lines of the child's output, to explain a failure."""

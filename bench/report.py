@@ -49,7 +49,7 @@ def p99(samples: Sequence[float]) -> float:
     return ordered[max(0, math.ceil(len(ordered) * 0.99) - 1)]
 
 
-def _number(value: float | None, unit: str) -> str:
+def number(value: float | None, unit: str) -> str:
     if value is None:
         return "—"
     digits = 3 if abs(value) < 10 else 1 if abs(value) < 100 else 0
@@ -64,13 +64,13 @@ def table(figures: Sequence[Figure]) -> str:
         "| --- | ---: | ---: | --- | --- |",
     ]
     for f in figures:
-        target = f"≤ {_number(f.target, f.unit)}" if f.target is not None else ""
-        value = f"error: {f.error.splitlines()[0]}" if f.error else _number(f.value, f.unit)
+        target = f"≤ {number(f.target, f.unit)}" if f.target is not None else ""
+        value = f"error: {f.error.splitlines()[0]}" if f.error else number(f.value, f.unit)
         if f.samples and len(f.samples) > 1 and not f.error:
             value += f" (median of {len(f.samples)})"
         base = ""
         if f.baseline is not None:
-            base = f"{_number(f.baseline, f.unit)} {f.baseline_label}".strip()
+            base = f"{number(f.baseline, f.unit)} {f.baseline_label}".strip()
         elif f.baseline_label:
             base = f.baseline_label
         rows.append(f"| {f.measure} | {value} | {target} | {f.result} | {base} |")

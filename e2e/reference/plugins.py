@@ -12,6 +12,7 @@ takes the driver root, the kubelet directory and the CDI directory as flags.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from types import TracebackType
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(__file__).resolve().parent / "build.sh"
 KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+REFERENCE_EXECUTABLE = "nvidia-device-plugin"
 # What either plugin reads from the environment; neither may see the caller's.
 PLUGIN_ENV_PREFIXES = ("NVIDIA_", "CONTAINER_DRIVER_ROOT", "DP_", "MIG_", "CONFIG_FILE")
 PLUGIN_ENV_NAMES = (
@@ -153,6 +155,27 @@ class PluginProcess:
         self.stop()
 
 
+def running(pid: int, executable: str, proc: Path = Path("/proc")) -> int:
+    """The process that runs `executable` (a file name): `pid` itself once it has exec'd it, or
+    its nearest descendant that has (`unshare` may fork, `sh` forks unless the script execs).
+    Read from /proc/<pid>/exe and /proc/<pid>/task/*/children; LookupError if none does."""
+    queue = [pid]
+    while queue:
+        current = queue.pop(0)
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(proc / str(current) / "exe")).name == executable:
+                return current
+        for children in sorted((proc / str(current) / "task").glob("*/children")):
+            with contextlib.suppress(OSError):
+                queue += [int(child) for child in children.read_text().split()]
+    raise LookupError(f"no process under {pid} runs {executable}")
+
+
+def reference_pid(plugin: PluginProcess) -> int:
+    """The pid of NVIDIA's Go process itself, under the `unshare ... sh -c` that starts it."""
+    return running(plugin.pid, REFERENCE_EXECUTABLE)
+
+
 def reference(
     binaries: Path, root: Path, kubelet_dir: Path, config: Path, log: Path
 ) -> PluginProcess:
@@ -179,7 +202,7 @@ def reference(
         ]
     )
     env = plugin_env() | {
-        "PLUGIN": str(binaries / "nvidia-device-plugin"),
+        "PLUGIN": str(binaries / REFERENCE_EXECUTABLE),
         "DRIVER_ROOT": str(root),
         "KUBELET_DIR": str(kubelet_dir),
         "CONFIG": str(config),
