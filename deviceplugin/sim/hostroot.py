@@ -1,7 +1,8 @@
 """The files a simulated node's driver would put on the host, laid out under one directory.
 
 Stands for the whole host: `dev/` (GPU, control and MIG capability nodes), `proc/devices` and
-`proc/driver/nvidia-caps/mig-minors` (what the kernel module publishes), each GPU's
+`proc/driver/nvidia-caps/mig-minors` and `proc/driver/nvidia/capabilities/gpu<N>/mig/...` (what
+the kernel module publishes), each GPU's
 `sys/bus/pci/devices/<bus id>/numa_node`, and placeholder
 user-space files of the node's driver version (`usr/lib/x86_64-linux-gnu/libcuda.so.<ver>` with
 its soname links, `usr/bin/nvidia-smi`, GSP firmware). Run as root, the device nodes are real
@@ -78,6 +79,28 @@ def _mig_minors_table() -> dict[str, int]:
     return table
 
 
+def capability_files(node: Node) -> dict[str, int]:
+    """The capability files the kernel module publishes under
+    /proc/driver/nvidia/capabilities for the GPU and compute instances that exist now
+    (`gpu<minor>/mig/gi<id>/access`, `.../ci<id>/access`), with their minors."""
+    table = _mig_minors_table()
+    files = {}
+    for gpu in node.gpus:
+        for mig in gpu.mig_devices:
+            gi, ci = mig.gpu_instance_id, mig.compute_instance_id
+            files[f"gpu{gpu.minor}/mig/gi{gi}/access"] = table[gpu_instance_key(gpu.minor, gi)]
+            files[f"gpu{gpu.minor}/mig/gi{gi}/ci{ci}/access"] = table[
+                compute_instance_key(gpu.minor, gi, ci)
+            ]
+    return files
+
+
+def capability_text(minor: int) -> str:
+    """One capability file: the /dev/nvidia-caps node's minor, its mode (0444) and whether the
+    driver may change it."""
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+
+
 def proc_devices_text() -> str:
     """/proc/devices with the driver's character majors."""
     return (
@@ -143,6 +166,8 @@ def lay_out(node: Node, root: Path, every_instance: bool = True) -> bool:
         (root / "usr/bin" / binary).chmod(0o755)
     for firmware in FIRMWARE:
         _write(root / "lib/firmware/nvidia" / version / firmware, b"placeholder firmware\n")
+    for key, minor in capability_files(node).items():
+        _write(root / "proc/driver/nvidia/capabilities" / key, capability_text(minor).encode())
     for gpu in node.gpus:
         numa = -1 if gpu.numa_node is None else gpu.numa_node  # the kernel's "no affinity"
         _write(

@@ -7,6 +7,7 @@
 #   bin/nvidia-device-plugin   the reference device plugin (device-plugin/go.mod)
 #   bin/gpu-kubelet-plugin     NVIDIA's DRA kubelet plugin (dra-driver/go.mod)
 #   bin/nvidia-ctk             the container toolkit's CLI (nvidia-ctk/go.mod)
+#   bin/nvidia-cdi-hook        its CDI hook, which the DRA kubelet plugin insists on (the same)
 #
 # Each has a go.mod of its own, so each is built with the dependency versions its own project
 # pins (one shared module would let Go's version selection mix them). The folder is keyed by a
@@ -26,6 +27,7 @@ components=(
     "device-plugin github.com/NVIDIA/k8s-device-plugin cmd/nvidia-device-plugin"
     "dra-driver sigs.k8s.io/dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin"
     "nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit cmd/nvidia-ctk"
+    "nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit cmd/nvidia-cdi-hook"
 )
 
 key=$(cat "$here"/*/go.mod "$here"/*/go.sum "$0" | sha256sum | cut -c1-16)
@@ -53,7 +55,7 @@ for component in "${components[@]}"; do
     case $name in
         nvidia-device-plugin) stamp="-X github.com/NVIDIA/k8s-device-plugin/internal/info.version=$version" ;;
         gpu-kubelet-plugin) stamp="-X sigs.k8s.io/dra-driver-nvidia-gpu/internal/info.version=$version" ;;
-        nvidia-ctk) stamp="-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=$version" ;;
+        nvidia-ctk | nvidia-cdi-hook) stamp="-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=$version" ;;
     esac
     go build -trimpath -ldflags "-s -w $stamp" -o "$bin/$name.tmp" "$module/$package"
     mv "$bin/$name.tmp" "$bin/$name"

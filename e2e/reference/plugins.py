@@ -229,3 +229,34 @@ def ours(
     argv = [*command, "serve", "--config-file", str(config), "--kubelet-dir", str(kubelet_dir)]
     argv += ["--nvidia-driver-root", str(root), "--cdi-spec-dir", str(cdi_dir), *extra]
     return PluginProcess("ours", argv, plugin_env(), log)
+
+
+def dra_driver(
+    binaries: Path, root: Path, kubeconfig: Path, node_name: str, cdi_dir: Path, log: Path
+) -> PluginProcess:
+    """NVIDIA's DRA kubelet plugin on driver root `root`, for node `node_name` of the cluster in
+    `kubeconfig`, registering with the real kubelet (/var/lib/kubelet/plugins_registry). It
+    reads /proc/driver/nvidia/capabilities and the nvidia-caps major in /proc/devices from the
+    host's /proc: a private mount namespace shows it the driver root's."""
+    script = "\n".join(
+        [
+            "set -e",
+            "mount --make-rprivate /",
+            "mount -t tmpfs -o mode=0755 compat-driver /proc/driver",
+            'cp -r "$DRIVER_ROOT/proc/driver/." /proc/driver/',
+            'mount --bind "$DRIVER_ROOT/proc/devices" /proc/devices',
+            'exec "$PLUGIN" --node-name "$NODE_NAME" --kubeconfig "$KUBECONFIG"'
+            ' --nvidia-driver-root "$DRIVER_ROOT" --container-driver-root "$DRIVER_ROOT"'
+            ' --cdi-root "$CDI_ROOT" --nvidia-cdi-hook-path "$HOOK" --image-name unused:none',
+        ]
+    )
+    env = plugin_env() | {
+        "PLUGIN": str(binaries / "gpu-kubelet-plugin"),
+        "HOOK": str(binaries / "nvidia-cdi-hook"),
+        "DRIVER_ROOT": str(root),
+        "NODE_NAME": node_name,
+        "KUBECONFIG": str(kubeconfig),
+        "CDI_ROOT": str(cdi_dir),
+    }
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    return PluginProcess("NVIDIA's DRA driver", argv, env, log)

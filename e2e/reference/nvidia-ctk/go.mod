@@ -5,7 +5,10 @@ module deviceplugin.local/e2e/reference/nvidia-ctk
 
 go 1.26.8
 
-tool github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
+tool (
+	github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook
+	github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk
+)
 
 require (
 	cyphar.com/go-pathrs v0.2.6 // indirect
