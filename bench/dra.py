@@ -36,10 +36,10 @@ from deviceplugin.cli import Settings
 from deviceplugin.dra.kubeapi import connect
 from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.service import DraDriver
-from deviceplugin.host import open_nvml
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.node.discovery import discover
+from deviceplugin.runtime.host import open_nvml
 from deviceplugin.sim.apiserver import PREFIX, ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 

@@ -11,12 +11,12 @@ import yaml
 
 from deviceplugin.cdispec import node_spec
 from deviceplugin.cli import Settings
-from deviceplugin.host import open_host_config, open_nvml, proc_root
 from deviceplugin.model.allocation import cdi_enabled
 from deviceplugin.model.config import load_config, parse_config, summary
 from deviceplugin.model.config_keys import read_text
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.node.discovery import discover
+from deviceplugin.runtime.host import open_host_config, open_nvml, proc_root
 
 
 def validate_config(settings: Settings) -> int:

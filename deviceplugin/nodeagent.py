@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from deviceplugin.apiclient import ApiClient, ApiError, credentials
-from deviceplugin.background import spawn
 from deviceplugin.cli import Settings
 from deviceplugin.model.config import Config
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
@@ -40,6 +39,7 @@ from deviceplugin.model.log import log_event
 from deviceplugin.nodelabels import LabelWriter
 from deviceplugin.nodewatch import NodeWatch
 from deviceplugin.ops.metrics import SharedMetrics
+from deviceplugin.runtime.background import spawn
 
 logger = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import Metrics, NoMetrics
+from deviceplugin.runtime.background import periodically, spawn
+from deviceplugin.runtime.watch import Watchers
 from deviceplugin.supervisor import Supervisor
-from deviceplugin.watch import Watchers
 
 if TYPE_CHECKING:
     from deviceplugin.nodeagent import NodeAgent

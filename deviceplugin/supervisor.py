@@ -23,11 +23,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from deviceplugin.background import spawn
 from deviceplugin.cdispec import CdiSpecKeeper
 from deviceplugin.cli import Settings
-from deviceplugin.configfile import ConfigFile
-from deviceplugin.host import SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.kubelet.registrar import Registrar
 from deviceplugin.kubelet.responder import NodeAllocator
 from deviceplugin.kubelet.server import PluginServer
@@ -48,6 +45,9 @@ from deviceplugin.node.health import (
 from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.node.nvml import Nvml
 from deviceplugin.ops.metrics import Metrics
+from deviceplugin.runtime.background import spawn
+from deviceplugin.runtime.configfile import ConfigFile
+from deviceplugin.runtime.host import SimulatedHost, open_host_config, open_nvml, proc_root
 
 if TYPE_CHECKING:
     from deviceplugin.ops.status import Status

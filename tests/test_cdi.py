@@ -50,7 +50,7 @@ AS_ROOT = os.geteuid() == 0
 
 
 def inventory_of(preset: str = PRESET) -> Inventory:
-    from deviceplugin.host import open_nvml
+    from deviceplugin.runtime.host import open_nvml
 
     nvml = open_nvml(preset)
     nvml.init()

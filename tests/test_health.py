@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.host import open_nvml
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import ConfigError, NvmlError
 from deviceplugin.model.xidpolicy import REFERENCE_IGNORED, xid_table
@@ -26,6 +25,7 @@ from deviceplugin.node.health import (
 )
 from deviceplugin.node.nvml import EVENT_XID, EventSet, Nvml, NvmlEvent, Probe
 from deviceplugin.ops.metrics import Metrics
+from deviceplugin.runtime.host import open_nvml
 
 GPU0 = "GPU-8e2f3c10-0000-4000-8000-000000000000"
 GPU1 = "GPU-8e2f3c10-0000-4000-8000-000000000001"

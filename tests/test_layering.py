@@ -166,7 +166,7 @@ def test_allowed_imports_are_not_reported() -> None:
         "kubelet.server": ast.parse("from deviceplugin.node.unixgrpc import listen_unix"),
         "sim.kubelet": ast.parse("from deviceplugin.kubelet.v1beta1 import api_pb2_grpc"),
         "supervisor": ast.parse("from deviceplugin.ops.metrics import Metrics"),
-        "dra.service": ast.parse("from deviceplugin.host import open_nvml"),
+        "dra.service": ast.parse("from deviceplugin.runtime.host import open_nvml"),
     }
     assert violations(allowed) == []
 

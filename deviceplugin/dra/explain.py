@@ -33,7 +33,6 @@ from deviceplugin.cli import Settings
 from deviceplugin.dra.claims import Allocation, Candidate, allocate_all, select
 from deviceplugin.dra.resourceapi import Claim, read_claims, read_classes
 from deviceplugin.dra.selectors import SelectorError
-from deviceplugin.host import open_nvml
 from deviceplugin.model.config import load_config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
@@ -41,6 +40,7 @@ from deviceplugin.model.slices import DEFAULT_TAINT, DRIVER, TaintEffect, build_
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import GPU_LOST, xid_health
+from deviceplugin.runtime.host import open_nvml
 from deviceplugin.sim.events import parse_line
 
 JsonObject = dict[str, Any]

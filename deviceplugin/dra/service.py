@@ -39,9 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.background import periodically, spawn
 from deviceplugin.cli import Settings
-from deviceplugin.configfile import ConfigFile
 from deviceplugin.dra.checkpoint import BOOT_ID_FILE, FILE_NAME, Checkpoint, read_boot_id
 from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
 from deviceplugin.dra.devicehealth import HealthReporter, device_states
@@ -56,7 +54,6 @@ from deviceplugin.dra.registration import (
     plugin_dir,
     registration_socket,
 )
-from deviceplugin.host import Overrides, SimulatedHost, open_host_config, open_nvml, proc_root
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config, ParsedConfig, load_config_text
 from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
@@ -75,7 +72,16 @@ from deviceplugin.node.nvml import Nvml
 from deviceplugin.ops.drametrics import DraMetrics
 from deviceplugin.ops.drastatus import DraStatus, Pool
 from deviceplugin.ops.http import DraEndpoints, EndpointServer
-from deviceplugin.watch import Watchers
+from deviceplugin.runtime.background import periodically, spawn
+from deviceplugin.runtime.configfile import ConfigFile
+from deviceplugin.runtime.host import (
+    Overrides,
+    SimulatedHost,
+    open_host_config,
+    open_nvml,
+    proc_root,
+)
+from deviceplugin.runtime.watch import Watchers
 
 logger = logging.getLogger(__name__)
 

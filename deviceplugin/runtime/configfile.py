@@ -29,8 +29,8 @@ from deviceplugin.model.config import ParsedConfig
 from deviceplugin.model.config_keys import read_text
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
-from deviceplugin.offloop import OffLoop
 from deviceplugin.ops.metrics import SharedMetrics
+from deviceplugin.runtime.offloop import OffLoop
 
 logger = logging.getLogger(__name__)
 

@@ -27,10 +27,10 @@ from collections.abc import Callable, Coroutine, Set
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.background import spawn
 from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.log import log_event
 from deviceplugin.node.inotify import DirectoryEvent, DirectoryWatch, DirectoryWatches
+from deviceplugin.runtime.background import spawn
 
 logger = logging.getLogger(__name__)
 
