@@ -18,6 +18,7 @@ from deviceplugin.model.configselect import CONFIG_LABEL
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
 from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS, TaintEffect
 from deviceplugin.ops.logs import LogFormat
+from deviceplugin.runtime.options import EngineOptions
 
 DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
@@ -161,6 +162,18 @@ class Settings:
     config_dir: str | None = None  # serve: named configs chosen by node label
     default_config: str | None = None  # serve, with config_dir
     gpu_labels: bool = False  # serve
+
+    @property
+    def engine(self) -> EngineOptions:
+        """What the node engine of `serve` and `dra serve` takes."""
+        return EngineOptions(
+            config_file=self.config_file,
+            simulate=self.simulate,
+            simulate_events=self.simulate_events,
+            health_recovery_after=self.health_recovery_after,
+            overrides=self.overrides,
+            env=self.env,
+        )
 
     @property
     def follows_node(self) -> bool:

@@ -18,6 +18,7 @@ from deviceplugin.cli import Settings
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.runtime.background import periodically, spawn
+from deviceplugin.runtime.engine import REDISCOVER_SECONDS, SOCKET_CHECK_SECONDS
 from deviceplugin.runtime.watch import Watchers
 from deviceplugin.supervisor import Supervisor
 
@@ -26,9 +27,6 @@ if TYPE_CHECKING:
     from deviceplugin.ops.http import HttpServer
 
 logger = logging.getLogger(__name__)
-
-REDISCOVER_SECONDS = 60.0
-SOCKET_CHECK_SECONDS = 5.0
 
 
 async def _often(supervisor: Supervisor) -> None:

@@ -376,12 +376,12 @@ def test_pass_device_specs_answers_a_mig_id_with_its_parent_and_both_caps_nodes(
     async def body() -> None:
         env = {"PASS_DEVICE_SPECS": "true"}
         async with running_plugin(env=env) as plugin:
-            host = plugin.supervisor._host
+            host = plugin.supervisor.engine.host
             assert host is not None and host.temporary
             root = host.root
             device_id = advertised(plugin, MIG)[0]
             device = plugin.supervisor._planned[MIG].by_id()[device_id]
-            inventory = plugin.supervisor._inventory
+            inventory = plugin.supervisor.engine.inventory
             assert inventory is not None
             gpu = next(g for g in inventory.gpus if g.uuid == device.gpu_uuid)
             mig = next(m for m in gpu.mig_devices if m.uuid == device.physical_uuid)
@@ -478,7 +478,7 @@ def test_serve_simulates_without_a_writable_temp_dir(monkeypatch: Any) -> None:
 
     async def body() -> None:
         async with running_plugin() as plugin:
-            assert plugin.supervisor._host is None
+            assert plugin.supervisor.engine.host is None
             assert set(plugin.kubelet.resources()) == {GPU, MIG}
 
     run(body())
@@ -496,7 +496,7 @@ def test_a_driver_root_without_proc_gets_the_simulated_kernel_modules_files(
     async def body() -> str:
         env = {**CDI_CRI, "NVIDIA_DRIVER_ROOT": str(root)}
         async with running_plugin(env=env) as plugin:
-            host = plugin.supervisor._host
+            host = plugin.supervisor.engine.host
             assert host is not None and not host.temporary
             assert not host.proc_root.startswith(str(root))
             spec = read_spec(plugin)

@@ -55,48 +55,36 @@ from deviceplugin.dra.registration import (
     registration_socket,
 )
 from deviceplugin.model.cdi import CdiOptions
-from deviceplugin.model.config import Config, ParsedConfig, load_config_text
-from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
-from deviceplugin.model.errors import ConfigError, DevicePluginError, NvmlError
+from deviceplugin.model.config import Config
+from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
-from deviceplugin.node.discovery import discover
-from deviceplugin.node.health import (
-    HealthChange,
-    HealthMonitor,
-    HealthPolicy,
-    parse_duration,
-    record_change,
-)
+from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostscan import scan_host
-from deviceplugin.node.nvml import Nvml
 from deviceplugin.ops.drametrics import DraMetrics
 from deviceplugin.ops.drastatus import DraStatus, Pool
 from deviceplugin.ops.http import DraEndpoints, EndpointServer
 from deviceplugin.runtime.background import periodically, spawn
-from deviceplugin.runtime.configfile import ConfigFile
-from deviceplugin.runtime.host import (
-    Overrides,
-    SimulatedHost,
-    open_host_config,
-    open_nvml,
-    proc_root,
+from deviceplugin.runtime.engine import (
+    REDISCOVER_SECONDS,
+    SOCKET_CHECK_SECONDS,
+    STOP_GRACE_SECONDS,
+    NodeEngine,
 )
 from deviceplugin.runtime.watch import Watchers
 
 logger = logging.getLogger(__name__)
 
-STOP_GRACE_SECONDS = 1.0
-SOCKET_CHECK_SECONDS = 5.0
-REDISCOVER_SECONDS = 60.0
 BOOT_ID_ENV = "DP_BOOT_ID_FILE"  # where this boot's ID is read; tests point it at a file
 
 
 class DraDriver:
-    """One running DRA driver: `start()`, then `stop()` (also after a failed start)."""
+    """One running DRA driver over the node engine: `start()`, then `stop()` (also after a
+    failed start)."""
 
     def __init__(self, settings: Settings, metrics: DraMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or DraMetrics()
+        self.engine = NodeEngine(settings.engine, self.metrics)
         self.node = settings.node_name or socket.gethostname()
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
         self.dra_socket = directory / DRA_SOCKET_NAME
@@ -110,14 +98,7 @@ class DraDriver:
         self.dra: DraServer | None = None
         self.publisher: SlicePublisher | None = None
         self.preparer: Preparer | None = None
-        self._host: SimulatedHost | None = None
-        self._nvml: Nvml | None = None
-        self._monitor: HealthMonitor | None = None
-        self._inventory: Inventory | None = None
-        self._unhealthy: dict[str, str] = {}
         self._config: Config | None = None
-        self._config_file = ConfigFile(settings.config_file, self.metrics)
-        self._overrides: Overrides = settings.overrides
         self._api: KubeApi | None = None
         self._plugin_watcher = False  # the kubelet's plugins_registry/ was there at start
         self._started = False
@@ -129,7 +110,7 @@ class DraDriver:
 
     @property
     def inventory(self) -> Inventory | None:
-        return self._inventory
+        return self.engine.inventory
 
     @property
     def config(self) -> Config:
@@ -137,38 +118,22 @@ class DraDriver:
 
     def use_config_file(self, path: str) -> None:
         """Read the config from `path` from now on (the node's named config)."""
-        self._config_file.path = path
+        self.engine.config_file.path = path
 
     async def start(self) -> None:
         """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
-        settings = self.settings
-        policy = HealthPolicy.from_env(settings.env)
+        settings, engine = self.settings, self.engine
         failpoints = Failpoints.from_env(settings.env)
-        recovery_after = parse_duration(settings.health_recovery_after)
         self._plugin_watcher = self.registration.socket.parent.is_dir()
-        parsed = await self._read_config()
+        parsed, text = await engine.open_config()
+        engine.config_file.adopt(parsed, text, reloaded=False)
         config = self._config = parsed.config
-        try:
-            self._nvml = open_nvml(
-                settings.simulate, settings.simulate_events, config.flags.nvidia_driver_root
-            )
-            self._nvml.init()
-        except NvmlError as exc:
-            self._nvml = None
-            if config.flags.fail_on_init_error:
-                raise
-            log_event(
-                logger,
-                "nvml.unavailable",
-                logging.WARNING,
-                error=str(exc),
-                hint="failOnInitError is false: publishing nothing, not registering",
-            )
+        if not engine.open_nvml(
+            config, "failOnInitError is false: publishing nothing, not registering"
+        ):
             self._started = self._idle = True
             return
-        inventory = await asyncio.to_thread(discover, self._nvml)
-        self.metrics.set_driver_version(inventory.driver_version)
-        self._inventory = inventory
+        inventory = await engine.discover_first()
         api = self._api = await connect(kubeconfig=settings.kubeconfig)
         self.publisher = SlicePublisher(
             api,
@@ -181,7 +146,7 @@ class DraDriver:
         self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
         self._report_device_plugins()
         # An API error is retried.
-        await self.publisher.publish(self._publishable(inventory), self._unhealthy)
+        await self.publisher.publish(self._publishable(inventory), engine.unhealthy)
         devices = await self._node_devices()
         boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
         checkpoint = Checkpoint(
@@ -201,7 +166,7 @@ class DraDriver:
         self.dra = DraServer(self.preparer, self.dra_socket, self.health, observer=self.metrics)
         await self.dra.start()
         await self.registration.start()
-        self._start_monitor(policy, recovery_after)
+        engine.start_health(self._health_changed)
         self._started = True
         log_event(
             logger,
@@ -214,35 +179,18 @@ class DraDriver:
 
     async def stop(self) -> None:
         """Deregister, stop serving (sockets removed), close the client, shut NVML down."""
-        if self._monitor is not None:
-            await asyncio.to_thread(self._monitor.stop)
-        await self.registration.stop(STOP_GRACE_SECONDS)
-        if self.dra is not None:
-            await self.dra.stop(STOP_GRACE_SECONDS)
-        if self.publisher is not None:
-            await self.publisher.close()
-        if self._nvml is not None:
-            with contextlib.suppress(DevicePluginError):
-                self._nvml.shutdown()
-        if self._host is not None:
-            self._host.close()
+
+        async def stop_serving() -> None:
+            await self.registration.stop(STOP_GRACE_SECONDS)
+            if self.dra is not None:
+                await self.dra.stop(STOP_GRACE_SECONDS)
+            if self.publisher is not None:
+                await self.publisher.close()
+
+        await self.engine.shutdown(stop_serving)
         log_event(logger, "dra.stopped", driver=self.settings.driver_name)
 
-    async def health_changed(self, change: HealthChange) -> None:
-        """Apply one transition from the health monitor and republish."""
-        if not record_change(self._unhealthy, change):
-            return
-        log_event(
-            logger,
-            "device.recovered" if change.healthy else "device.unhealthy",
-            logging.INFO if change.healthy else logging.WARNING,
-            uuid=change.uuid,
-            xid=change.xid,
-            reason=change.reason,
-        )
-        await self._report_health()
-        if self.publisher is not None and self._inventory is not None:
-            await self.publisher.publish(self._publishable(self._inventory), self._unhealthy)
+    # --- triggers: each a change on the engine's serialized path ---------------------------------
 
     async def check_node(self) -> None:
         """The checks every few seconds: our sockets, and whether a device plugin serves here."""
@@ -254,6 +202,43 @@ class DraDriver:
         restart that cleaned its directories, an operator): without the registration socket the
         plugin watcher never registers the driver again, without the DRA socket no claim
         prepares."""
+        await self.engine.change(self._heal_sockets, None)
+
+    async def rediscover(self) -> bool:
+        """Read the node again; on a change (MIG re-cut, a GPU gone) republish and let Prepare
+        map to the new devices. A GPU marked unhealthy that stopped answering stays listed as
+        unhealthy, as in `serve`. True when something changed."""
+        return await self.engine.change(self._rediscover, False)
+
+    async def check_device_plugins(self) -> None:
+        """Stand aside while a device plugin serves NVIDIA GPUs on this node, and publish again
+        once it is gone (dra/coexistence.py)."""
+        await self.engine.change(self._check_device_plugins, None)
+
+    async def reload(self, trigger: str, force: bool = False) -> bool:
+        """Read the config file again: it changed, or SIGHUP `force`s it. A valid one is adopted:
+        claims prepared from now on get its CDI options (driver and dev root), the node is
+        rediscovered, and the slices are listed afresh and republished. An invalid one is
+        refused (`config.rejected`, error level, naming the field) and the last good config
+        stays. True when adopted."""
+        return await self.engine.change(lambda: self._reload(trigger, force), False)
+
+    # --- the changes ------------------------------------------------------------------------------
+
+    async def _health_changed(self, change: HealthChange) -> None:
+        """Report one health transition the engine recorded and republish."""
+        log_event(
+            logger,
+            "device.recovered" if change.healthy else "device.unhealthy",
+            logging.INFO if change.healthy else logging.WARNING,
+            uuid=change.uuid,
+            xid=change.xid,
+            reason=change.reason,
+        )
+        await self._report_health()
+        await self._publish()
+
+    async def _heal_sockets(self) -> None:
         if self.dra is None:  # never started (no NVML with failOnInitError false)
             return
         for name, server in (("dra", self.dra), ("registration", self.registration)):
@@ -269,64 +254,51 @@ class DraDriver:
             await server.stop(0)
             await server.start()
 
-    async def rediscover(self) -> bool:
-        """Read the node again; on a change (MIG re-cut, a GPU gone) republish and let Prepare
-        map to the new devices. A GPU marked unhealthy that stopped answering stays listed as
-        unhealthy, as in `serve`. True when something changed."""
-        if self._nvml is None or self._config is None or self.preparer is None:
+    async def _rediscover(self) -> bool:
+        engine = self.engine
+        if engine.nvml is None or self._config is None or self.preparer is None:
             return False
-        found = await asyncio.to_thread(discover, self._nvml)
-        inventory = keep_unhealthy_gpus(self._inventory, found, self._unhealthy)
-        if inventory == self._inventory:
+        inventory = await engine.discover()
+        if inventory is None or inventory == engine.inventory:
             return False
-        self._inventory = inventory
-        if self._monitor is not None:
-            self._monitor.update_inventory(inventory)
+        engine.adopt_inventory(inventory)
         self.preparer.use(await self._node_devices())
         await self._report_health()
         log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
-        if self.publisher is not None:
-            await self.publisher.publish(self._publishable(inventory), self._unhealthy)
+        await self._publish()
         return True
 
-    async def check_device_plugins(self) -> None:
-        """Stand aside while a device plugin serves NVIDIA GPUs on this node, and publish again
-        once it is gone (dra/coexistence.py)."""
-        if self.publisher is None or self._inventory is None:
+    async def _check_device_plugins(self) -> None:
+        if self.publisher is None or self.engine.inventory is None:
             return
         found = await asyncio.to_thread(live_device_plugins, self._device_plugins_dir)
         if found == self._device_plugins:
             return
         self._device_plugins = found
         self._report_device_plugins()
-        await self.publisher.publish(self._publishable(self._inventory), self._unhealthy)
+        await self._publish()
 
-    async def reload(self, trigger: str, force: bool = False) -> bool:
-        """Read the config file again: it changed, or SIGHUP `force`s it. A valid one is adopted:
-        claims prepared from now on get its CDI options (driver and dev root), the node is
-        rediscovered, and the slices are listed afresh and republished. An invalid one is
-        refused (`config.rejected`, error level, naming the field) and the last good config
-        stays. True when adopted."""
+    async def _reload(self, trigger: str, force: bool) -> bool:
         if not self._started:
             return False
-        content = await self._config_file.changed(trigger, force)
-        if content is None:
+        reloaded = await self.engine.reloaded_config(trigger, force)
+        if reloaded is None:
             return False
-        text, overrides = content.text, self._overrides
-        try:
-            parsed = await self._config_file.step(lambda: self._parse(text, overrides), "parsing")
-        except ConfigError as exc:
-            self._config_file.reject(trigger, exc, text)
-            return False
+        parsed, text = reloaded
         self._config = parsed.config
         # Not idle: Prepare maps to the devices with the new CDI options (rediscover did it
         # already when the node changed).
-        if self.preparer is not None and not await self.rediscover():
+        if self.preparer is not None and not await self._rediscover():
             self.preparer.use(await self._node_devices())
-        self._config_file.adopt(parsed, text)  # in force: logged and counted as applied
+        self.engine.config_file.adopt(parsed, text)  # in force: logged and counted as applied
         if self.publisher is not None:
             await self.publisher.refresh()
         return True
+
+    async def _refresh(self) -> None:
+        """List the slices afresh and repair them (after each successful registration)."""
+        if self.publisher is not None:
+            await self.publisher.refresh()
 
     def status(self) -> DraStatus:
         """The driver's state now, for /readyz, /status and the gauges of /metrics."""
@@ -344,10 +316,10 @@ class DraDriver:
             pool=pool,
             api_error=self._api.unreachable if self._api is not None else None,
             prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
-            unhealthy=dict(self._unhealthy),
-            config_source=self._config_file.path,
-            last_config_error=self._config_file.last_error,
-            last_config_error_field=self._config_file.last_error_field,
+            unhealthy=dict(self.engine.unhealthy),
+            config_source=self.engine.config_file.path,
+            last_config_error=self.engine.config_file.last_error,
+            last_config_error_field=self.engine.config_file.last_error_field,
             device_plugin_conflict=self._conflict(),
             config_selection=self.selection_view() if self.selection_view else None,
         )
@@ -377,60 +349,33 @@ class DraDriver:
 
     async def _node_devices(self) -> NodeDevices:
         """The published devices with the host facts a claim's CDI spec needs, read now."""
-        assert self._inventory is not None and self._config is not None
+        inventory = self.engine.inventory
+        assert inventory is not None and self._config is not None
         options = CdiOptions.from_config(self._config)
         scan = await asyncio.to_thread(
             scan_host,
-            self._inventory.driver_version,
+            inventory.driver_version,
             options.driver_root,
             options.dev_root,
-            proc_root(self._host),
+            self.engine.proc_root,
         )
-        return NodeDevices.build(self._inventory, scan, options)
+        return NodeDevices.build(inventory, scan, options)
 
     async def _report_health(self) -> None:
         """The kubelet's health streams (`devicehealth.py`) get the devices' health now."""
         if self.preparer is not None:
-            states = device_states(self.preparer.devices.by_name, self._unhealthy)
+            states = device_states(self.preparer.devices.by_name, self.engine.unhealthy)
             await self.health.update(states)
 
-    async def _read_config(self) -> ParsedConfig:
-        """The merged config, now in force; under `--simulate`, pointed at the simulated node's
-        host files (and so are the reloads: the overrides that do it are kept)."""
-        text = await self._config_file.read()
-        settings = self.settings
-        parsed, self._host, self._overrides = await self._config_file.step(
-            lambda: open_host_config(
-                settings.simulate,
-                settings.overrides,
-                lambda overrides: self._parse(text, overrides),
-            ),
-            "parsing",
-        )
-        self._config_file.adopt(parsed, text, reloaded=False)
-        return parsed
-
-    def _parse(self, text: str | None, overrides: Overrides) -> ParsedConfig:
-        """The config file's `text` (None: no file, the defaults) with `overrides` (flags) and
-        the environment applied."""
-        return load_config_text(text, self._config_file.path, overrides, self.settings.env)
-
-    def _start_monitor(self, policy: HealthPolicy, recovery_after: float | None) -> None:
-        if self._nvml is None or self._inventory is None:
-            return
-        loop = asyncio.get_running_loop()
-
-        def report(change: HealthChange) -> None:
-            loop.call_soon_threadsafe(spawn, self.health_changed(change), "health change")
-
-        self._monitor = HealthMonitor(
-            self._nvml, self._inventory, policy, report, recovery_after, observer=self.metrics
-        )
-        self._monitor.start()
+    async def _publish(self) -> None:
+        """The slices written again from the inventory and health now."""
+        inventory = self.engine.inventory
+        if self.publisher is not None and inventory is not None:
+            await self.publisher.publish(self._publishable(inventory), self.engine.unhealthy)
 
     def _registration_status(self, registered: bool, error: str) -> None:
         if registered and self.publisher is not None:
-            spawn(self.publisher.refresh(), "dra registration")
+            spawn(self.engine.change(self._refresh, None), "dra registration")
 
 
 async def run_driver(
