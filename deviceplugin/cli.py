@@ -1,7 +1,7 @@
 """The command line (SPEC §1): subcommands, flags, and the environment variable behind each flag.
 
 Parsing only: argv + environment -> Settings. A flag beats its variable; config-file values are
-overridden only by flags or variables that were actually given (config.load_config does that).
+overridden only by flags or variables that were actually given (`load_config_text` does that).
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ import yaml
 from deviceplugin.cdispec import node_spec
 from deviceplugin.cli import Settings
 from deviceplugin.model.allocation import cdi_enabled
-from deviceplugin.model.config import load_config, parse_config, summary
-from deviceplugin.model.config_keys import read_text
+from deviceplugin.model.config import parse_config, summary
 from deviceplugin.model.errors import ConfigError, DevicePluginError
+from deviceplugin.node.configread import load_config, read_text
 from deviceplugin.node.discovery import discover
 from deviceplugin.runtime.host import open_host_config, open_nvml, proc_root
 

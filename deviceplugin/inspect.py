@@ -19,9 +19,9 @@ from typing import Any
 
 from deviceplugin.cli import Settings
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
-from deviceplugin.model.config import load_config
 from deviceplugin.model.errors import DevicePluginError, NvmlError
 from deviceplugin.model.resources import ResourceSet, build_plan
+from deviceplugin.node.configread import load_config
 from deviceplugin.node.discovery import discover
 from deviceplugin.ops.snapshot import build_snapshot, without_pods
 from deviceplugin.runtime.host import open_nvml

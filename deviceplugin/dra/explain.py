@@ -33,13 +33,14 @@ from deviceplugin.cli import Settings
 from deviceplugin.dra.claims import Allocation, Candidate, allocate_all, select
 from deviceplugin.dra.resourceapi import Claim, read_claims, read_classes
 from deviceplugin.dra.selectors import SelectorError
-from deviceplugin.model.config import load_config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.slices import DEFAULT_TAINT, DRIVER, TaintEffect, build_devices
 from deviceplugin.model.xidpolicy import HealthPolicy
+from deviceplugin.node.configread import load_config
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import GPU_LOST, xid_health
+from deviceplugin.node.xidcatalog import policy_from_env
 from deviceplugin.runtime.host import open_nvml
 from deviceplugin.sim.events import parse_line
 
@@ -131,7 +132,7 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
             nvml.shutdown()
     unhealthy = dict.fromkeys(options.unhealthy, "marked-unhealthy")
     if options.events_file:
-        policy = HealthPolicy.from_env(options.env)
+        policy = policy_from_env(options.env)
         unhealthy.update(events_health(Path(options.events_file), policy, inventory))
     return build_devices(inventory, unhealthy, options.driver, options.taint)
 

@@ -36,6 +36,7 @@ from deviceplugin.node.health import (
     record_change,
 )
 from deviceplugin.node.nvml import Nvml
+from deviceplugin.node.xidcatalog import policy_from_env
 from deviceplugin.ops.metrics import SharedMetrics
 from deviceplugin.runtime.background import spawn
 from deviceplugin.runtime.configfile import ConfigFile
@@ -82,7 +83,7 @@ class NodeEngine:
         the file read and parsed off the loop, and under `--simulate` the simulated node's host
         files opened (reloads then keep pointing at them). Raises ConfigError."""
         options = self.options
-        self._policy = HealthPolicy.from_env(options.env)
+        self._policy = policy_from_env(options.env)
         self._recovery_after = parse_duration(options.health_recovery_after)
         text = await self.config_file.read()
         source = self.config_file.path
