@@ -32,7 +32,6 @@ import aiohttp
 import yaml
 
 from bench.report import Figure, median, p99
-from deviceplugin.cli import Settings
 from deviceplugin.dra.kubeapi import connect
 from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.service import DraDriver
@@ -40,6 +39,7 @@ from deviceplugin.model.devices import Inventory
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.node.discovery import discover
 from deviceplugin.runtime.host import open_nvml
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.apiserver import PREFIX, ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 

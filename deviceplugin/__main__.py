@@ -13,10 +13,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from deviceplugin.cli import Settings, parse_settings
+from deviceplugin.cli import SERVE_ENV_VARS, parse_settings
 from deviceplugin.model.errors import ConfigError, DiscoveryError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.logs import configure
+from deviceplugin.runtime.options import Settings
 
 logger = logging.getLogger("deviceplugin")
 
@@ -27,7 +28,7 @@ def _run(settings: Settings) -> int:
 
         return validate_config(settings)
     if settings.command == "inspect":
-        from deviceplugin.inspect import inspect
+        from deviceplugin.plugin.inspect import inspect
 
         return inspect(settings)
     if settings.command == "cdi-spec":
@@ -39,7 +40,7 @@ def _run(settings: Settings) -> int:
 
         return sim_root(settings)
     if settings.command == "dra explain":
-        from deviceplugin.dra.explain import explain, options_from
+        from deviceplugin.explain.command import explain, options_from
 
         return explain(options_from(settings))
     if settings.command == "dra serve":
@@ -50,12 +51,12 @@ def _run(settings: Settings) -> int:
     if settings.command == "dra demo":
         from deviceplugin.dra.demo import main as dra_demo
 
-        return dra_demo()
+        return dra_demo(SERVE_ENV_VARS)
     if settings.command == "demo":
-        from deviceplugin.demo import demo
+        from deviceplugin.plugin.demo import demo
 
         return asyncio.run(demo())
-    from deviceplugin.service import serve
+    from deviceplugin.plugin.service import serve
 
     asyncio.run(serve(settings))
     return 0

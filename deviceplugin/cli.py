@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +15,14 @@ from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.model.configselect import CONFIG_LABEL
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
-from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS, TaintEffect
-from deviceplugin.ops.logs import LogFormat
-from deviceplugin.runtime.options import EngineOptions
-
-DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
-DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
-DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
+from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS
+from deviceplugin.runtime.options import (
+    DEFAULT_CDI_SPEC_DIR,
+    DEFAULT_DRA_DRIVER,
+    DEFAULT_KUBELET_DIR,
+    DEFAULT_KUBELET_ROOT,
+    Settings,
+)
 
 # flag name (without --) -> (settings key, env var, help)
 _RUNTIME_FLAGS: dict[str, tuple[str, str, str]] = {
@@ -128,57 +127,6 @@ _ALL_FLAGS = (*_RUNTIME_FLAGS.values(), *_DRA_FLAGS.values(), *_NODE_FLAGS.value
 SERVE_ENV_VARS: frozenset[str] = frozenset(
     [env for _, env, _ in _ALL_FLAGS] + list(ENV_OVERRIDES.values()) + list(HEALTH_ENV_VARS)
 )
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything `serve` and `inspect` need from the command line and the environment."""
-
-    command: str
-    config_file: str | None = None
-    kubelet_dir: Path = Path(DEFAULT_KUBELET_DIR)
-    simulate: str | None = None
-    simulate_events: str | None = None
-    http_address: str | None = None
-    log_format: LogFormat = "text"
-    health_recovery_after: str = "5m"
-    cdi_spec_dir: Path = Path(DEFAULT_CDI_SPEC_DIR)
-    overrides: Mapping[str, str | None] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    output: str = "table"
-    pods: bool = False
-    source: str | None = None  # inspect --from URL
-    path: str | None = None  # validate-config FILE
-    class_file: str | None = None  # dra explain --class
-    claim_file: str | None = None  # dra explain --claim
-    unhealthy: tuple[str, ...] = ()  # dra explain --unhealthy
-    node: str | None = None  # sim-root NODE
-    directory: str | None = None  # sim-root DIR
-    driver_name: str = DEFAULT_DRA_DRIVER  # dra serve
-    kubelet_root: Path = Path(DEFAULT_KUBELET_ROOT)  # dra serve
-    kubeconfig: str | None = None  # dra serve
-    node_name: str | None = None  # dra serve
-    unhealthy_taint: TaintEffect | None = DEFAULT_TAINT  # dra serve, dra explain; None: off
-    config_dir: str | None = None  # serve: named configs chosen by node label
-    default_config: str | None = None  # serve, with config_dir
-    gpu_labels: bool = False  # serve
-
-    @property
-    def engine(self) -> EngineOptions:
-        """What the node engine of `serve` and `dra serve` takes."""
-        return EngineOptions(
-            config_file=self.config_file,
-            simulate=self.simulate,
-            simulate_events=self.simulate_events,
-            health_recovery_after=self.health_recovery_after,
-            overrides=self.overrides,
-            env=self.env,
-        )
-
-    @property
-    def follows_node(self) -> bool:
-        """Whether `serve` reads its own Node from the API server."""
-        return self.command == "serve" and (self.config_dir is not None or self.gpu_labels)
 
 
 def _flag(key: str) -> str:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import yaml
 
-from deviceplugin.cdispec import node_spec
-from deviceplugin.cli import Settings
 from deviceplugin.model.allocation import cdi_enabled
 from deviceplugin.model.config import parse_config, summary
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.node.configread import load_config, read_text
 from deviceplugin.node.discovery import discover
+from deviceplugin.plugin.cdispec import node_spec
 from deviceplugin.runtime.host import open_host_config, open_nvml, proc_root
+from deviceplugin.runtime.options import Settings
 
 
 def validate_config(settings: Settings) -> int:

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.cli import SERVE_ENV_VARS, Settings
+from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import EVENTS_FILE, install_library, lay_out
 from deviceplugin.sim.libbuild import library_path

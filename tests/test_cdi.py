@@ -16,8 +16,6 @@ import grpc
 import pytest
 import yaml
 
-from deviceplugin import service
-from deviceplugin.cdispec import node_spec
 from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.model.cdi import (
     CdiError,
@@ -32,6 +30,8 @@ from deviceplugin.model.hostpaths import capability_node, host_path
 from deviceplugin.node.cdiwriter import SpecWriter
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.hostscan import scan_host
+from deviceplugin.plugin import service
+from deviceplugin.plugin.cdispec import node_spec
 from deviceplugin.sim.hostroot import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,

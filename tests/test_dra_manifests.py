@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from deviceplugin.cli import parse_settings
-from deviceplugin.dra.resourceapi import read_claims, read_classes
+from deviceplugin.explain.resourceapi import read_claims, read_classes
 
 DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")

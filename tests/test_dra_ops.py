@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.cli import Settings
 from deviceplugin.dra.service import DraDriver, run_driver
 from deviceplugin.model.log import FIELDS
 from deviceplugin.ops.drastatus import DraStatus, Pool
 from deviceplugin.ops.http import DraEndpoints, EndpointServer
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import lay_out
 from deviceplugin.sim.node import read_node, resolve_node_path

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from deviceplugin.cli import Settings
 from deviceplugin.dra.checkpoint import read_boot_id
 from deviceplugin.dra.registration import SUPPORTED_SERVICES
 from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.hostpaths import capability_node, compute_instance_key, gpu_instance_key
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.hostroot import mig_minors_table
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 from tests.dranode import inventory

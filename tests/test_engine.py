@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from deviceplugin import supervisor as plugin_supervisor
-from deviceplugin.cli import Settings
 from deviceplugin.dra import service as dra_service
 from deviceplugin.dra.service import DraDriver
+from deviceplugin.plugin import supervisor as plugin_supervisor
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import lay_out
 from deviceplugin.sim.node import PRESETS_DIR, read_node

@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.cli import Settings
-from deviceplugin.inspect import inspect
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.ops.http import HttpServer
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.service import run_supervisor
+from deviceplugin.plugin.inspect import inspect
+from deviceplugin.plugin.service import run_supervisor
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.podresources import PodResourcesEmulator
-from deviceplugin.supervisor import Supervisor
 
 GPU = "nvidia.com/gpu"
 TIME_SLICING = """\

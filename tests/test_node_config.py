@@ -27,16 +27,17 @@ import pytest
 from draplugin import write_kubeconfig
 from test_http import CONFIG, GPU, MIG, get, until
 
-import deviceplugin.nodeagent
-from deviceplugin.cli import Settings, parse_settings
+import deviceplugin.runtime.nodeagent
+from deviceplugin.cli import parse_settings
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.ops.http import HttpServer
 from deviceplugin.ops.metrics import Metrics, NoMetrics
-from deviceplugin.service import run_supervisor
+from deviceplugin.plugin.service import run_supervisor
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.kubelet import KubeletEmulator
-from deviceplugin.supervisor import Supervisor
 
 NODE = "gpu-node-1"
 SHARED = CONFIG.format(replicas=2)  # nvidia.com/gpu: 4 whole GPUs x 2 replicas
@@ -335,7 +336,7 @@ async def test_a_lost_api_server_is_retried_and_the_kubelet_still_served() -> No
 async def test_an_unreachable_api_server_at_start_leaves_the_default_serving(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(deviceplugin.nodeagent, "FIRST_SIGHT_SECONDS", 0.2)
+    monkeypatch.setattr(deviceplugin.runtime.nodeagent, "FIRST_SIGHT_SECONDS", 0.2)
     api = ApiServer()
     api.fail_next(503, 1000)
     async with running_node({CONFIG_LABEL: "shared"}, api=api) as node:

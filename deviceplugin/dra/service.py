@@ -39,7 +39,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.cli import Settings
 from deviceplugin.dra.checkpoint import BOOT_ID_FILE, FILE_NAME, Checkpoint, read_boot_id
 from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
 from deviceplugin.dra.devicehealth import HealthReporter, device_states
@@ -70,6 +69,7 @@ from deviceplugin.runtime.engine import (
     STOP_GRACE_SECONDS,
     NodeEngine,
 )
+from deviceplugin.runtime.options import Settings
 from deviceplugin.runtime.watch import Watchers
 
 logger = logging.getLogger(__name__)
@@ -396,9 +396,9 @@ async def run_driver(
         running.push_async_callback(driver.stop)
         node = None
         if settings.config_dir:  # the node's label chooses the config, as for `serve`
-            from deviceplugin.nodeagent import NodeAgent
+            from deviceplugin.runtime.nodeagent import NodeAgent
 
-            node = NodeAgent(settings, driver)
+            node = NodeAgent(settings.node_options, driver)
             running.push_async_callback(node.stop)
             await node.start()
         await driver.start()

@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from deviceplugin.cli import Settings
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.service import run_supervisor
+from deviceplugin.plugin.service import run_supervisor
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.kubelet import KubeletEmulator
-from deviceplugin.supervisor import Supervisor
 
 PRESET = "a100-80gb-x8-mixed"
 SEED_CONFIG = """\

@@ -14,17 +14,18 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deviceplugin.cli import Settings
+from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import Metrics, NoMetrics
+from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.background import periodically, spawn
 from deviceplugin.runtime.engine import REDISCOVER_SECONDS, SOCKET_CHECK_SECONDS
+from deviceplugin.runtime.options import Settings
 from deviceplugin.runtime.watch import Watchers
-from deviceplugin.supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from deviceplugin.nodeagent import NodeAgent
     from deviceplugin.ops.http import HttpServer
+    from deviceplugin.runtime.nodeagent import NodeAgent
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +62,9 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
         if http is not None:
             await http.start()
         if settings.follows_node:  # only then: the API client is imported by no other serve
-            from deviceplugin.nodeagent import NodeAgent
+            from deviceplugin.runtime.nodeagent import NodeAgent
 
-            node = NodeAgent(settings, supervisor)
+            node = NodeAgent(settings.node_options, supervisor)
             await node.start()
         await supervisor.start()
         if node is not None:
@@ -76,7 +77,7 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
             )
         watchers.watch_kubelet(
             loop,
-            settings.kubelet_dir,
+            settings.kubelet_dir / KUBELET_SOCKET,
             supervisor.our_sockets,
             lambda: supervisor.check_kubelet("kubelet directory changed"),
         )

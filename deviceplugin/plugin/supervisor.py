@@ -22,8 +22,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from deviceplugin.cdispec import CdiSpecKeeper
-from deviceplugin.cli import Settings
 from deviceplugin.kubelet.registrar import Registrar
 from deviceplugin.kubelet.responder import NodeAllocator
 from deviceplugin.kubelet.server import PluginServer
@@ -36,7 +34,9 @@ from deviceplugin.model.resources import Plan, ResourceSet, apply_health, build_
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.ops.metrics import Metrics
+from deviceplugin.plugin.cdispec import CdiSpecKeeper
 from deviceplugin.runtime.engine import STOP_GRACE_SECONDS, NodeEngine
+from deviceplugin.runtime.options import Settings
 
 if TYPE_CHECKING:
     from deviceplugin.ops.status import Status

@@ -29,10 +29,9 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.cli import Settings
-from deviceplugin.dra.claims import Allocation, Candidate, allocate_all, select
-from deviceplugin.dra.resourceapi import Claim, read_claims, read_classes
-from deviceplugin.dra.selectors import SelectorError
+from deviceplugin.explain.claims import Allocation, Candidate, allocate_all, select
+from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
+from deviceplugin.explain.selectors import SelectorError
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.slices import DEFAULT_TAINT, DRIVER, TaintEffect, build_devices
@@ -42,6 +41,7 @@ from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import GPU_LOST, xid_health
 from deviceplugin.node.xidcatalog import policy_from_env
 from deviceplugin.runtime.host import open_nvml
+from deviceplugin.runtime.options import Settings
 from deviceplugin.sim.events import parse_line
 
 JsonObject = dict[str, Any]

@@ -17,7 +17,6 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from deviceplugin.cli import Settings
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
 from deviceplugin.model.errors import DevicePluginError, NvmlError
 from deviceplugin.model.resources import ResourceSet, build_plan
@@ -25,6 +24,7 @@ from deviceplugin.node.configread import load_config
 from deviceplugin.node.discovery import discover
 from deviceplugin.ops.snapshot import build_snapshot, without_pods
 from deviceplugin.runtime.host import open_nvml
+from deviceplugin.runtime.options import Settings
 
 FETCH_TIMEOUT_SECONDS = 3.0
 
