@@ -39,7 +39,7 @@ from deviceplugin.model.devices import Inventory
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.node.discovery import discover
 from deviceplugin.runtime.host import open_nvml
-from deviceplugin.runtime.options import Settings
+from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import PREFIX, ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 
@@ -183,8 +183,7 @@ async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
     """Seconds per Prepare of a new claim, per repeated Prepare, per Unprepare."""
     server = ApiServer()
     await server.start()
-    settings = Settings(
-        command="dra serve",
+    settings = DraServeOptions(
         simulate=PREPARE_PRESET,
         cdi_spec_dir=root / "cdi",
         kubelet_root=root / "kubelet",

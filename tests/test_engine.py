@@ -21,7 +21,7 @@ import pytest
 from deviceplugin.dra import service as dra_service
 from deviceplugin.dra.service import DraDriver
 from deviceplugin.plugin import supervisor as plugin_supervisor
-from deviceplugin.runtime.options import Settings
+from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import lay_out
 from deviceplugin.sim.node import PRESETS_DIR, read_node
@@ -83,8 +83,7 @@ def test_a_reload_racing_a_rediscovery_leaves_prepare_on_the_new_config(
         events = root / "events.jsonl"
         events.touch()
         driver = DraDriver(
-            Settings(
-                command="dra serve",
+            DraServeOptions(
                 config_file=str(config),
                 simulate=str(node_file),
                 simulate_events=str(events),

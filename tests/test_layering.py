@@ -162,7 +162,7 @@ def test_every_layer_is_a_package_that_states_its_rule() -> None:
         ),
         pytest.param(
             "runtime.engine",
-            "from deviceplugin.cli import Settings",
+            "from deviceplugin.cli import parse_options",
             "runtime.engine (runtime) imports cli (root)",
             id="runtime-imports-root",
         ),

@@ -28,14 +28,14 @@ from draplugin import write_kubeconfig
 from test_http import CONFIG, GPU, MIG, get, until
 
 import deviceplugin.runtime.nodeagent
-from deviceplugin.cli import parse_settings
+from deviceplugin.cli import parse_options
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.ops.http import HttpServer
 from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.plugin.service import run_supervisor
 from deviceplugin.plugin.supervisor import Supervisor
-from deviceplugin.runtime.options import Settings
+from deviceplugin.runtime.options import InspectOptions, ServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.kubelet import KubeletEmulator
 
@@ -126,8 +126,7 @@ async def running_node(
     kubelet = KubeletEmulator(root / "device-plugins")
     await kubelet.start()
     write_configmap(root / "config", configs)
-    settings = Settings(
-        command="serve",
+    settings = ServeOptions(
         kubelet_dir=root / "device-plugins",
         cdi_spec_dir=root / "cdi",
         simulate=simulate,
@@ -204,20 +203,27 @@ def test_config_dir_and_config_file_together_are_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as caught:
-        parse_settings(["serve", "--config-dir", "/d", "--config-file", "/f"], {})
+        parse_options(["serve", "--config-dir", "/d", "--config-file", "/f"], {})
     assert caught.value.code == 2
     assert "choose one" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        parse_settings(["serve", "--gpu-labels", "yes"], {})
+        parse_options(["serve", "--gpu-labels", "yes"], {})
     assert "must be on or off, got 'yes'" in capsys.readouterr().err
 
 
+def serve_options(argv: list[str], env: dict[str, str]) -> ServeOptions:
+    options = parse_options(argv, env)
+    assert isinstance(options, ServeOptions)
+    return options
+
+
 def test_serve_follows_its_node_only_when_asked() -> None:
-    assert not parse_settings(["serve"], {}).follows_node
-    settings = parse_settings(["serve"], {"DP_CONFIG_DIR": "/d", "DEFAULT_CONFIG": "x"})
+    assert not serve_options(["serve"], {}).follows_node
+    settings = serve_options(["serve"], {"DP_CONFIG_DIR": "/d", "DEFAULT_CONFIG": "x"})
     assert settings.follows_node and settings.default_config == "x"
-    assert parse_settings(["serve", "--gpu-labels", "on"], {}).follows_node
-    assert not parse_settings(["inspect"], {"DP_CONFIG_DIR": "/d"}).follows_node
+    assert serve_options(["serve", "--gpu-labels", "on"], {}).follows_node
+    inspect = parse_options(["inspect"], {"DP_CONFIG_DIR": "/d"})
+    assert isinstance(inspect, InspectOptions), "inspect takes no named configs"
 
 
 # --- a running plugin -------------------------------------------------------------------------

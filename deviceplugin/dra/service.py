@@ -69,7 +69,7 @@ from deviceplugin.runtime.engine import (
     STOP_GRACE_SECONDS,
     NodeEngine,
 )
-from deviceplugin.runtime.options import Settings
+from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.runtime.watch import Watchers
 
 logger = logging.getLogger(__name__)
@@ -81,10 +81,10 @@ class DraDriver:
     """One running DRA driver over the node engine: `start()`, then `stop()` (also after a
     failed start)."""
 
-    def __init__(self, settings: Settings, metrics: DraMetrics | None = None) -> None:
+    def __init__(self, settings: DraServeOptions, metrics: DraMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or DraMetrics()
-        self.engine = NodeEngine(settings.engine, self.metrics)
+        self.engine = NodeEngine(settings, self.metrics)
         self.node = settings.node_name or socket.gethostname()
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
         self.dra_socket = directory / DRA_SOCKET_NAME
@@ -435,7 +435,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def serve_dra(settings: Settings) -> None:
+async def serve_dra(settings: DraServeOptions) -> None:
     """The `dra serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file."""
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()

@@ -20,7 +20,7 @@ from pathlib import Path
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.plugin.service import run_supervisor
 from deviceplugin.plugin.supervisor import Supervisor
-from deviceplugin.runtime.options import Settings
+from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.sim.kubelet import KubeletEmulator
 
 PRESET = "a100-80gb-x8-mixed"
@@ -71,8 +71,7 @@ async def demo() -> int:
     config = write_configmap(root / "cm", SEED_CONFIG.format(replicas=2))
     events = root / "events.jsonl"
     events.touch()
-    settings = Settings(
-        command="serve",
+    settings = ServeOptions(
         kubelet_dir=root / "k",
         cdi_spec_dir=root / "cdi",  # never the host's: a demo must not touch a real node's spec
         simulate=PRESET,

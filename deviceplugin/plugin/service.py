@@ -20,7 +20,7 @@ from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.background import periodically, spawn
 from deviceplugin.runtime.engine import REDISCOVER_SECONDS, SOCKET_CHECK_SECONDS
-from deviceplugin.runtime.options import Settings
+from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.runtime.watch import Watchers
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
                 await http.stop()
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: ServeOptions) -> None:
     """The `serve` command: run until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     supervisor = Supervisor(settings, Metrics() if settings.http_address else NoMetrics())

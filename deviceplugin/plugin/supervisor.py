@@ -36,7 +36,7 @@ from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.plugin.cdispec import CdiSpecKeeper
 from deviceplugin.runtime.engine import STOP_GRACE_SECONDS, NodeEngine
-from deviceplugin.runtime.options import Settings
+from deviceplugin.runtime.options import ServeOptions
 
 if TYPE_CHECKING:
     from deviceplugin.ops.status import Status
@@ -47,10 +47,10 @@ logger = logging.getLogger(__name__)
 class Supervisor:
     """Runs the plugin over the node engine: servers per resource, registration, reloads."""
 
-    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: ServeOptions, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.engine = NodeEngine(settings.engine, self.metrics)
+        self.engine = NodeEngine(settings, self.metrics)
         self._parsed: ParsedConfig | None = None
         self._planned: dict[str, ResourceSet] = {}
         self._servers: dict[str, PluginServer] = {}
