@@ -32,9 +32,9 @@ import aiohttp
 import yaml
 
 from bench.report import Figure, median, p99
+from deviceplugin.dra.driver import DraDriver
 from deviceplugin.dra.kubeapi import connect
 from deviceplugin.dra.publisher import SlicePublisher
-from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.node.discovery import discover

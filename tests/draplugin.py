@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.cli import SERVE_ENV_VARS
-from deviceplugin.dra.service import DraDriver
+from deviceplugin.dra.driver import DraDriver
 from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import ApiServer

@@ -30,8 +30,8 @@ from deviceplugin.model.hostpaths import capability_node, host_path
 from deviceplugin.node.cdiwriter import SpecWriter
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.hostscan import scan_host
-from deviceplugin.plugin import service
 from deviceplugin.plugin.cdispec import node_spec
+from deviceplugin.runtime import engine
 from deviceplugin.sim.hostroot import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,
@@ -349,7 +349,7 @@ def test_an_unhealthy_device_stays_defined() -> None:
 def test_a_failed_write_makes_readyz_not_ready_and_is_retried(
     monkeypatch: Any, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(service, "SOCKET_CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(engine, "SOCKET_CHECK_SECONDS", 0.05)
     blocker = tmp_path / "file"  # a file where the spec's directory must be
     blocker.write_text("")
     spec = blocker / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json"

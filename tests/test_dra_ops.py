@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.dra.service import DraDriver, run_driver
+from deviceplugin.dra.driver import DraDriver
+from deviceplugin.dra.service import run_driver
 from deviceplugin.model.log import FIELDS
 from deviceplugin.ops.drastatus import DraStatus, Pool
 from deviceplugin.ops.http import DraEndpoints, EndpointServer

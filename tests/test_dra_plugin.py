@@ -13,8 +13,8 @@ import time
 import pytest
 
 from deviceplugin.dra.checkpoint import read_boot_id
+from deviceplugin.dra.driver import DraDriver
 from deviceplugin.dra.registration import SUPPORTED_SERVICES
-from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.hostpaths import capability_node, compute_instance_key, gpu_instance_key
 from deviceplugin.runtime.options import DraServeOptions

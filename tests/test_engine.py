@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.dra import service as dra_service
-from deviceplugin.dra.service import DraDriver
+from deviceplugin.dra import driver as dra_driver
+from deviceplugin.dra.driver import DraDriver
 from deviceplugin.plugin import supervisor as plugin_supervisor
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import ApiServer
@@ -74,8 +74,8 @@ def test_a_reload_racing_a_rediscovery_leaves_prepare_on_the_new_config(
         lay_out(read_node(node_file), tree)
     config = root / "config.yaml"
     config.write_text(dra_config(host, host))
-    hold = Hold(dra_service.scan_host)
-    monkeypatch.setattr(dra_service, "scan_host", hold)
+    hold = Hold(dra_driver.scan_host)
+    monkeypatch.setattr(dra_driver, "scan_host", hold)
 
     async def body() -> None:
         server = ApiServer()

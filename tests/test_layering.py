@@ -149,15 +149,15 @@ def test_every_layer_is_a_package_that_states_its_rule() -> None:
             id="front-end-imports-a-daemon",
         ),
         pytest.param(
-            "dra.service",
+            "dra.driver",
             "from deviceplugin.plugin.supervisor import Supervisor",
-            "dra.service (dra) imports plugin.supervisor (plugin)",
+            "dra.driver (dra) imports plugin.supervisor (plugin)",
             id="daemon-imports-the-other",
         ),
         pytest.param(
-            "dra.service",
+            "dra.driver",
             "from deviceplugin.explain.claims import allocate_all",
-            "dra.service (dra) imports explain.claims (explain)",
+            "dra.driver (dra) imports explain.claims (explain)",
             id="driver-imports-explain",
         ),
         pytest.param(
@@ -184,7 +184,7 @@ def test_allowed_imports_are_not_reported() -> None:
         "kubelet.server": ast.parse("from deviceplugin.node.unixgrpc import listen_unix"),
         "sim.kubelet": ast.parse("from deviceplugin.kubelet.v1beta1 import api_pb2_grpc"),
         "plugin.supervisor": ast.parse("from deviceplugin.runtime.engine import NodeEngine"),
-        "dra.service": ast.parse("from deviceplugin.runtime.engine import NodeEngine"),
+        "dra.driver": ast.parse("from deviceplugin.runtime.engine import NodeEngine"),
         "cli": ast.parse("from deviceplugin.plugin.service import serve"),
     }
     assert violations(allowed) == []
