@@ -1,5 +1,5 @@
 """The node engine's serialized path: a reload that races a rediscovery never leaves Prepare or
-ListAndWatch on the config it replaced.
+ListAndWatch on the config it replaced, and shutdown comes after the change in flight.
 
 Each test forces the interleaving with the real daemon: a rediscovery is held inside its work
 (the host scan that builds Prepare's devices, the plan that builds the advertised resources)
@@ -20,8 +20,11 @@ import pytest
 
 from deviceplugin.dra import driver as dra_driver
 from deviceplugin.dra.driver import DraDriver
+from deviceplugin.ops.metrics import NoMetrics
 from deviceplugin.plugin import supervisor as plugin_supervisor
-from deviceplugin.runtime.options import DraServeOptions
+from deviceplugin.runtime import engine as engine_module
+from deviceplugin.runtime.engine import NodeEngine
+from deviceplugin.runtime.options import DraServeOptions, EngineOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import lay_out
 from deviceplugin.sim.node import PRESETS_DIR, read_node
@@ -153,3 +156,49 @@ def test_a_reload_racing_a_rediscovery_leaves_list_and_watch_on_the_new_config(
             await plugin.until(lambda: kubelet.allocatable("nvidia.com/mig-3g.40gb") == 2)
 
     asyncio.run(body())
+
+
+def test_shutdown_waits_for_the_change_in_flight() -> None:
+    done: list[str] = []
+
+    async def body() -> None:
+        engine = NodeEngine(EngineOptions(), NoMetrics())
+
+        async def change() -> None:
+            await asyncio.sleep(0.05)
+            done.append("change")
+
+        async def stop() -> None:
+            done.append("stop")
+
+        running = asyncio.create_task(engine.change(change, None))
+        await asyncio.sleep(0)
+        await engine.shutdown(stop)
+        await running
+        assert await engine.change(change, "stopped") == "stopped"
+
+    asyncio.run(body())
+    assert done == ["change", "stop"]
+
+
+def test_shutdown_does_not_wait_for_a_stuck_change(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(engine_module, "SHUTDOWN_WAIT_SECONDS", 0.05)
+    stopped: list[bool] = []
+
+    async def body() -> None:
+        engine = NodeEngine(EngineOptions(), NoMetrics())
+        stuck = asyncio.Event()
+
+        async def stop() -> None:
+            stopped.append(True)
+
+        running = asyncio.create_task(engine.change(stuck.wait, None))
+        await asyncio.sleep(0)
+        await engine.shutdown(stop)
+        running.cancel()
+
+    asyncio.run(body())
+    assert stopped == [True]
+    assert "shutdown.change_pending" in caplog.text

@@ -54,6 +54,7 @@ logger = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 1.0  # how long a stopping gRPC server lets calls in flight finish
 SOCKET_CHECK_SECONDS = 5.0  # the cheap periodic checks (sockets, CDI spec, device plugins)
 REDISCOVER_SECONDS = 60.0  # how often the node is read again (a MIG re-cut, a GPU gone)
+SHUTDOWN_WAIT_SECONDS = 10.0  # how long shutdown waits for the change in flight to end
 
 T = TypeVar("T")
 
@@ -222,15 +223,37 @@ class NodeEngine:
 
     async def shutdown(self, stop: Callable[[], Awaitable[None]]) -> None:
         """Stop health monitoring, then `stop` the daemon's servers once the change in flight
-        has ended (no change runs after), then shut NVML down and remove a temporary simulated
-        host. Also after a failed start."""
+        has ended (no change runs after; one still running after SHUTDOWN_WAIT_SECONDS is not
+        waited for), then shut NVML down and remove a temporary simulated host. Also after a
+        failed start."""
         if self._monitor is not None:
             await asyncio.to_thread(self._monitor.stop)
         self.stopping = True
-        async with self._lock:
+        ended = await self._changes_ended()
+        try:
             await stop()
+        finally:
+            if ended:
+                self._lock.release()
         if self.nvml is not None:
             with contextlib.suppress(DevicePluginError):
                 self.nvml.shutdown()
         if self.host is not None:  # CDI specs stay: running containers are defined by them
             self.host.close()
+
+    async def _changes_ended(self) -> bool:
+        """Hold the serialized path once the change in flight has ended: True. False when it
+        is still running after SHUTDOWN_WAIT_SECONDS (a reload or health change stuck on an
+        API server that does not answer must not hold SIGTERM up)."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), SHUTDOWN_WAIT_SECONDS)
+        except TimeoutError:
+            log_event(
+                logger,
+                "shutdown.change_pending",
+                logging.WARNING,
+                waited_seconds=SHUTDOWN_WAIT_SECONDS,
+                hint="stopping while a reload, rediscovery or health change is still running",
+            )
+            return False
+        return True
