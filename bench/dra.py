@@ -32,14 +32,14 @@ import aiohttp
 import yaml
 
 from bench.report import Figure, median, p99
-from deviceplugin.cli import Settings
+from deviceplugin.dra.driver import DraDriver
 from deviceplugin.dra.kubeapi import connect
 from deviceplugin.dra.publisher import SlicePublisher
-from deviceplugin.dra.service import DraDriver
-from deviceplugin.host import open_nvml
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.node.discovery import discover
+from deviceplugin.runtime.host import open_nvml
+from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import PREFIX, ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 
@@ -183,8 +183,7 @@ async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
     """Seconds per Prepare of a new claim, per repeated Prepare, per Unprepare."""
     server = ApiServer()
     await server.start()
-    settings = Settings(
-        command="dra serve",
+    settings = DraServeOptions(
         simulate=PREPARE_PRESET,
         cdi_spec_dir=root / "cdi",
         kubelet_root=root / "kubelet",

@@ -13,52 +13,53 @@ import os
 import sys
 from collections.abc import Sequence
 
-from deviceplugin.cli import Settings, parse_settings
+from deviceplugin.cli import SERVE_ENV_VARS, parse_options
 from deviceplugin.model.errors import ConfigError, DiscoveryError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.logs import configure
+from deviceplugin.runtime import options as command_options
 
 logger = logging.getLogger("deviceplugin")
 
 
-def _run(settings: Settings) -> int:
-    if settings.command == "validate-config":
+def _run(options: command_options.CommandOptions) -> int:
+    if isinstance(options, command_options.ValidateConfigOptions):
         from deviceplugin.commands import validate_config
 
-        return validate_config(settings)
-    if settings.command == "inspect":
-        from deviceplugin.inspect import inspect
+        return validate_config(options)
+    if isinstance(options, command_options.InspectOptions):
+        from deviceplugin.plugin.inspect import inspect
 
-        return inspect(settings)
-    if settings.command == "cdi-spec":
+        return inspect(options)
+    if isinstance(options, command_options.CdiSpecOptions):
         from deviceplugin.commands import cdi_spec
 
-        return cdi_spec(settings)
-    if settings.command == "sim-root":
+        return cdi_spec(options)
+    if isinstance(options, command_options.SimRootOptions):
         from deviceplugin.commands import sim_root
 
-        return sim_root(settings)
-    if settings.command == "dra explain":
-        from deviceplugin.dra.explain import explain, options_from
+        return sim_root(options)
+    if isinstance(options, command_options.ExplainOptions):
+        from deviceplugin.explain.command import explain
 
-        return explain(options_from(settings))
-    if settings.command == "dra serve":
+        return explain(options)
+    if isinstance(options, command_options.DraServeOptions):
         from deviceplugin.dra.service import serve_dra
 
-        asyncio.run(serve_dra(settings))
+        asyncio.run(serve_dra(options))
         return 0
-    if settings.command == "dra demo":
+    if isinstance(options, command_options.DraDemoOptions):
         from deviceplugin.dra.demo import main as dra_demo
 
-        return dra_demo()
-    if settings.command == "demo":
-        from deviceplugin.demo import demo
+        return dra_demo(SERVE_ENV_VARS)
+    if isinstance(options, command_options.ServeOptions):
+        from deviceplugin.plugin.service import serve
 
-        return asyncio.run(demo())
-    from deviceplugin.service import serve
+        asyncio.run(serve(options))
+        return 0
+    from deviceplugin.plugin.demo import demo
 
-    asyncio.run(serve(settings))
-    return 0
+    return asyncio.run(demo())
 
 
 # What each optional dependency is installed with (pyproject's extras).
@@ -72,7 +73,7 @@ EXTRAS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    settings = parse_settings(sys.argv[1:] if argv is None else argv, os.environ)
+    settings = parse_options(sys.argv[1:] if argv is None else argv, os.environ)
     configure(settings.log_format)
     try:
         return _run(settings)

@@ -1,14 +1,14 @@
 """The command line (SPEC §1): subcommands, flags, and the environment variable behind each flag.
 
-Parsing only: argv + environment -> Settings. A flag beats its variable; config-file values are
-overridden only by flags or variables that were actually given (config.load_config does that).
+Parsing only: argv + environment -> the options of one command (`runtime.options`). A flag
+beats its variable; config-file values are overridden only by flags or variables that were
+actually given (`load_config_text` does that).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +16,25 @@ from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.model.configselect import CONFIG_LABEL
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
-from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS, TaintEffect
+from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS
 from deviceplugin.ops.logs import LogFormat
-
-DEFAULT_KUBELET_DIR = "/var/lib/kubelet/device-plugins"
-DEFAULT_CDI_SPEC_DIR = "/var/run/cdi"
-DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
-DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
+from deviceplugin.runtime.options import (
+    DEFAULT_CDI_SPEC_DIR,
+    DEFAULT_DRA_DRIVER,
+    DEFAULT_KUBELET_DIR,
+    DEFAULT_KUBELET_ROOT,
+    CdiSpecOptions,
+    CommandOptions,
+    DaemonOptions,
+    DemoOptions,
+    DraDemoOptions,
+    DraServeOptions,
+    ExplainOptions,
+    InspectOptions,
+    ServeOptions,
+    SimRootOptions,
+    ValidateConfigOptions,
+)
 
 # flag name (without --) -> (settings key, env var, help)
 _RUNTIME_FLAGS: dict[str, tuple[str, str, str]] = {
@@ -130,45 +142,6 @@ _ALL_FLAGS = (*_RUNTIME_FLAGS.values(), *_DRA_FLAGS.values(), *_NODE_FLAGS.value
 SERVE_ENV_VARS: frozenset[str] = frozenset(
     [env for _, env, _ in _ALL_FLAGS] + list(ENV_OVERRIDES.values()) + list(HEALTH_ENV_VARS)
 )
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything `serve` and `inspect` need from the command line and the environment."""
-
-    command: str
-    config_file: str | None = None
-    kubelet_dir: Path = Path(DEFAULT_KUBELET_DIR)
-    simulate: str | None = None
-    simulate_events: str | None = None
-    http_address: str | None = None
-    log_format: LogFormat = "text"
-    health_recovery_after: str = "5m"
-    cdi_spec_dir: Path = Path(DEFAULT_CDI_SPEC_DIR)
-    overrides: Mapping[str, str | None] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    output: str = "table"
-    pods: bool = False
-    source: str | None = None  # inspect --from URL
-    path: str | None = None  # validate-config FILE
-    class_file: str | None = None  # dra explain --class
-    claim_file: str | None = None  # dra explain --claim
-    unhealthy: tuple[str, ...] = ()  # dra explain --unhealthy
-    node: str | None = None  # sim-root NODE
-    directory: str | None = None  # sim-root DIR
-    driver_name: str = DEFAULT_DRA_DRIVER  # dra serve
-    kubelet_root: Path = Path(DEFAULT_KUBELET_ROOT)  # dra serve
-    kubeconfig: str | None = None  # dra serve
-    node_name: str | None = None  # dra serve
-    unhealthy_taint: TaintEffect | None = DEFAULT_TAINT  # dra serve, dra explain; None: off
-    config_dir: str | None = None  # serve: named configs chosen by node label
-    default_config: str | None = None  # serve, with config_dir
-    gpu_labels: bool = False  # serve
-
-    @property
-    def follows_node(self) -> bool:
-        """Whether `serve` reads its own Node from the API server."""
-        return self.command == "serve" and (self.config_dir is not None or self.gpu_labels)
 
 
 def _flag(key: str) -> str:
@@ -304,8 +277,9 @@ def _refuse_device_plugin_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(_flag(key), dest=f"refused_{key}", help=argparse.SUPPRESS)
 
 
-def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
-    """Parse argv; each runtime flag falls back to its environment variable.
+def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> CommandOptions:
+    """Parse argv into the options of its command; each runtime flag falls back to its
+    environment variable.
 
     Exits 2 (argparse) on bad usage, including paths that cannot work (`_path_problem`)."""
     parser = build_parser()
@@ -346,55 +320,112 @@ def parse_settings(argv: Sequence[str], env: Mapping[str, str]) -> Settings:
             f"--unhealthy-taint / DP_DRA_UNHEALTHY_TAINT must be {', '.join(TAINT_EFFECTS)}"
             f" or off, got {taint!r}"
         )
-    settings = Settings(
-        command=command,
-        config_file=runtime["config_file"],
-        kubelet_dir=Path(runtime["kubelet_dir"] or DEFAULT_KUBELET_DIR),
-        simulate=runtime["simulate"],
-        simulate_events=runtime["simulate_events"],
-        http_address=runtime["http_address"],
-        log_format="json" if log_format == "json" else "text",
-        health_recovery_after=runtime["health_recovery_after"] or "5m",
-        overrides={key: values.get(key) for key in ENV_OVERRIDES},
-        env=dict(env),
-        output=values.get("output") or "table",
-        pods=bool(values.get("pods")),
-        source=values.get("source"),
-        path=values.get("path"),
-        class_file=values.get("class_file"),
-        claim_file=values.get("claim_file"),
-        unhealthy=tuple(values.get("unhealthy") or ()),
-        cdi_spec_dir=Path(runtime["cdi_spec_dir"] or DEFAULT_CDI_SPEC_DIR),
-        node=values.get("node"),
-        directory=values.get("directory"),
-        driver_name=runtime["driver_name"] or DEFAULT_DRA_DRIVER,
-        kubelet_root=Path(runtime["kubelet_root"] or DEFAULT_KUBELET_ROOT),
-        kubeconfig=runtime["kubeconfig"],
-        node_name=runtime["node_name"],
-        unhealthy_taint=next((effect for effect in TAINT_EFFECTS if effect == taint), None),
-        config_dir=runtime["config_dir"] if command in ("serve", "dra serve") else None,
-        default_config=runtime["default_config"],
-        gpu_labels=command == "serve" and gpu_labels == "on",
-    )
-    problem = _path_problem(settings)
+    options = _options(command, values, runtime, env, log_format, taint, gpu_labels)
+    problem = _path_problem(options)
     if problem is not None:
         parser.error(problem)
-    return settings
+    return options
 
 
-def _path_problem(settings: Settings) -> str | None:
+def _options(
+    command: str,
+    values: Mapping[str, Any],
+    runtime: Mapping[str, str | None],
+    env: Mapping[str, str],
+    log_format: str,
+    taint: str,
+    gpu_labels: str,
+) -> CommandOptions:
+    """The options type of `command`, from the parsed flags, their variables and `env`."""
+    logs: LogFormat = "json" if log_format == "json" else "text"
+    overrides = {key: values.get(key) for key in ENV_OVERRIDES}
+    effect = next((e for e in TAINT_EFFECTS if e == taint), None)
+    if command in ("serve", "dra serve"):
+        daemon: dict[str, Any] = {
+            "log_format": logs,
+            "config_file": runtime["config_file"],
+            "simulate": runtime["simulate"],
+            "simulate_events": runtime["simulate_events"],
+            "health_recovery_after": runtime["health_recovery_after"] or "5m",
+            "overrides": overrides,
+            "env": dict(env),
+            "http_address": runtime["http_address"],
+            "cdi_spec_dir": Path(runtime["cdi_spec_dir"] or DEFAULT_CDI_SPEC_DIR),
+            "config_dir": runtime["config_dir"],
+            "default_config": runtime["default_config"],
+            "node_name": runtime["node_name"],
+            "kubeconfig": runtime["kubeconfig"],
+        }
+        if command == "serve":
+            return ServeOptions(
+                **daemon,
+                kubelet_dir=Path(runtime["kubelet_dir"] or DEFAULT_KUBELET_DIR),
+                gpu_labels=gpu_labels == "on",
+            )
+        return DraServeOptions(
+            **daemon,
+            driver_name=runtime["driver_name"] or DEFAULT_DRA_DRIVER,
+            kubelet_root=Path(runtime["kubelet_root"] or DEFAULT_KUBELET_ROOT),
+            unhealthy_taint=effect,
+        )
+    dry_run: dict[str, Any] = {
+        "log_format": logs,
+        "config_file": runtime["config_file"],
+        "simulate": runtime["simulate"],
+        "overrides": overrides,
+        "env": dict(env),
+    }
+    if command == "inspect":
+        return InspectOptions(
+            **dry_run,
+            kubelet_dir=Path(runtime["kubelet_dir"] or DEFAULT_KUBELET_DIR),
+            output=values.get("output") or "table",
+            pods=bool(values.get("pods")),
+            source=values.get("source"),
+        )
+    if command == "cdi-spec":
+        return CdiSpecOptions(
+            **dry_run,
+            output=values.get("output") or "json",
+        )
+    if command == "dra explain":
+        return ExplainOptions(
+            log_format=logs,
+            class_file=values.get("class_file") or "",
+            simulate=runtime["simulate"] or "",
+            claim_file=values.get("claim_file"),
+            events_file=runtime["simulate_events"],
+            unhealthy=tuple(values.get("unhealthy") or ()),
+            config_file=runtime["config_file"],
+            taint=effect,
+            output=values.get("output") or "table",
+            env=dict(env),
+        )
+    if command == "validate-config":
+        return ValidateConfigOptions(log_format=logs, path=values.get("path") or "")
+    if command == "sim-root":
+        return SimRootOptions(
+            log_format=logs, node=values.get("node") or "", directory=values.get("directory") or ""
+        )
+    return (
+        DraDemoOptions(log_format=logs) if command == "dra demo" else DemoOptions(log_format=logs)
+    )
+
+
+def _path_problem(settings: CommandOptions) -> str | None:
     """Why a flag that names a path cannot work, naming the flag; None when they all can. The
     driver name becomes part of paths, so it must be what Kubernetes allows."""
-    if settings.command not in ("serve", "dra serve"):
+    if not isinstance(settings, DaemonOptions):
         return None
     from deviceplugin.node.unixgrpc import socket_path_problem
 
     cdi = settings.cdi_spec_dir
     if cdi.exists() and not cdi.is_dir():
         return f"--cdi-spec-dir / DP_CDI_SPEC_DIR: {cdi} is not a directory"
-    if settings.command == "serve":
+    if isinstance(settings, ServeOptions):
         problem = socket_path_problem(settings.kubelet_dir / "kubelet.sock")
         return f"--kubelet-dir / DP_KUBELET_DIR: {problem}" if problem else None
+    assert isinstance(settings, DraServeOptions)
     problem = dns_subdomain_problem(settings.driver_name, DRIVER_NAME_MAX)
     if problem is not None:
         return f"--driver-name / DP_DRA_DRIVER_NAME: {problem}"

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import yaml
 
-from deviceplugin.cdispec import node_spec
-from deviceplugin.cli import Settings
-from deviceplugin.host import open_host_config, open_nvml, proc_root
 from deviceplugin.model.allocation import cdi_enabled
-from deviceplugin.model.config import load_config, parse_config, summary
-from deviceplugin.model.config_keys import read_text
+from deviceplugin.model.config import parse_config, summary
 from deviceplugin.model.errors import ConfigError, DevicePluginError
+from deviceplugin.node.configread import load_config, read_text
 from deviceplugin.node.discovery import discover
+from deviceplugin.plugin.cdispec import node_spec
+from deviceplugin.runtime.host import open_host_config, open_nvml, proc_root
+from deviceplugin.runtime.options import CdiSpecOptions, SimRootOptions, ValidateConfigOptions
 
 
-def validate_config(settings: Settings) -> int:
+def validate_config(settings: ValidateConfigOptions) -> int:
     """Exit 0 with a one-line summary when FILE is valid; 2 naming the offending field if not.
     FILE may be a pipe (`validate-config /dev/stdin < config.yaml`): only this command waits."""
-    path = settings.path or ""
+    path = settings.path
     try:
         parsed = parse_config(read_text(path, only_regular=False), source=path)
     except ConfigError as exc:
@@ -36,7 +36,7 @@ def validate_config(settings: Settings) -> int:
     return 0
 
 
-def cdi_spec(settings: Settings) -> int:
+def cdi_spec(settings: CdiSpecOptions) -> int:
     """Print the CDI spec `serve` with these flags would write on this node (exit 0), so it
     can be diffed against another generator's. Says on stderr when no CDI strategy is on."""
     parsed, host, _ = open_host_config(
@@ -78,15 +78,15 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
-def sim_root(settings: Settings) -> int:
+def sim_root(settings: SimRootOptions) -> int:
     """Write the host tree of a simulated node under DIR, with the simulated NVML library, for
     `--nvidia-driver-root DIR` (and any other NVML consumer given DIR as its driver root)."""
     from deviceplugin.sim.hostroot import install_library, lay_out
     from deviceplugin.sim.libbuild import BuildError, library_path
     from deviceplugin.sim.node import read_node, resolve_node_path
 
-    directory = Path(settings.directory or "")
-    node = read_node(resolve_node_path(settings.node or ""))
+    directory = Path(settings.directory)
+    node = read_node(resolve_node_path(settings.node))
     try:
         library = library_path()
     except BuildError as exc:

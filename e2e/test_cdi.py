@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.demo import SEED_CONFIG, write_configmap
 from deviceplugin.kubelet.v1beta1 import api_pb2
+from deviceplugin.plugin.demo import SEED_CONFIG, write_configmap
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
 from e2e.runtime import (

@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from deviceplugin.host import open_nvml
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.node.discovery import discover
+from deviceplugin.runtime.host import open_nvml
 from tests.simnode import gpu, write_node
 
 A100_GI_IDS = (7, 8, 9, 11, 12, 13, 14)

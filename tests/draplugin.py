@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.cli import SERVE_ENV_VARS, Settings
-from deviceplugin.dra.service import DraDriver
+from deviceplugin.cli import SERVE_ENV_VARS
+from deviceplugin.dra.driver import DraDriver
 from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
+from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import EVENTS_FILE, install_library, lay_out
 from deviceplugin.sim.libbuild import library_path
@@ -169,7 +170,7 @@ class Node:
     root: Path
     server: ApiServer
     watcher: PluginWatcher
-    settings: Settings
+    settings: DraServeOptions
     driver: DraDriver
     events: Path
     stopped: list[DraDriver] = field(default_factory=list)
@@ -226,8 +227,7 @@ async def running_driver(
     driver_root = library_tree(simulate) if library else host_tree(simulate)
     if library:
         events = driver_root / EVENTS_FILE
-    settings = Settings(
-        command="dra serve",
+    settings = DraServeOptions(
         simulate=None if library else simulate,
         simulate_events=None if library else str(events),
         health_recovery_after=recovery,

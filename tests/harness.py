@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.cli import Settings
-from deviceplugin.demo import SEED_CONFIG, write_configmap
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.service import run_supervisor
+from deviceplugin.plugin.demo import SEED_CONFIG, write_configmap
+from deviceplugin.plugin.service import run_supervisor
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
-from deviceplugin.supervisor import Supervisor
 
 SEED = SEED_CONFIG
 GPU = "nvidia.com/gpu"
@@ -99,8 +99,7 @@ async def running_plugin(
     events.touch()
     if driver_root is not None:
         events = driver_root / EVENTS_FILE
-    settings = Settings(
-        command="serve",
+    settings = ServeOptions(
         kubelet_dir=root / "k",
         simulate=None if driver_root else simulate,
         simulate_events=None if driver_root else str(events),

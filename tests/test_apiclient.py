@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.apiclient import (
+from deviceplugin.model.errors import ConfigError
+from deviceplugin.runtime.apiclient import (
     ApiClient,
     ApiError,
     Credentials,
     from_kubeconfig,
     in_cluster,
 )
-from deviceplugin.model.errors import ConfigError
 
 
 class RawServer:

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from deviceplugin.background import periodically
+from deviceplugin.runtime.background import periodically
 
 
 def test_checks_keep_their_schedule_past_a_failing_turn(caplog: pytest.LogCaptureFixture) -> None:

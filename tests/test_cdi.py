@@ -16,8 +16,6 @@ import grpc
 import pytest
 import yaml
 
-from deviceplugin import service
-from deviceplugin.cdispec import node_spec
 from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.model.cdi import (
     CdiError,
@@ -32,6 +30,8 @@ from deviceplugin.model.hostpaths import capability_node, host_path
 from deviceplugin.node.cdiwriter import SpecWriter
 from deviceplugin.node.discovery import discover, sysfs_numa_reader
 from deviceplugin.node.hostscan import scan_host
+from deviceplugin.plugin.cdispec import node_spec
+from deviceplugin.runtime import engine
 from deviceplugin.sim.hostroot import (
     CAPS_MAJOR,
     NVIDIA_MAJOR,
@@ -50,7 +50,7 @@ AS_ROOT = os.geteuid() == 0
 
 
 def inventory_of(preset: str = PRESET) -> Inventory:
-    from deviceplugin.host import open_nvml
+    from deviceplugin.runtime.host import open_nvml
 
     nvml = open_nvml(preset)
     nvml.init()
@@ -354,7 +354,7 @@ def test_an_unhealthy_device_stays_defined() -> None:
 def test_a_failed_write_makes_readyz_not_ready_and_is_retried(
     monkeypatch: Any, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(service, "SOCKET_CHECK_SECONDS", 0.05)
+    monkeypatch.setattr(engine, "SOCKET_CHECK_SECONDS", 0.05)
     blocker = tmp_path / "file"  # a file where the spec's directory must be
     blocker.write_text("")
     spec = blocker / "cdi" / "k8s.device-plugin.nvidia.com-gpu.json"
@@ -381,12 +381,12 @@ def test_pass_device_specs_answers_a_mig_id_with_its_parent_and_both_caps_nodes(
     async def body() -> None:
         env = {"PASS_DEVICE_SPECS": "true"}
         async with running_plugin(env=env) as plugin:
-            host = plugin.supervisor._host
+            host = plugin.supervisor.engine.host
             assert host is not None and host.temporary
             root = host.root
             device_id = advertised(plugin, MIG)[0]
             device = plugin.supervisor._planned[MIG].by_id()[device_id]
-            inventory = plugin.supervisor._inventory
+            inventory = plugin.supervisor.engine.inventory
             assert inventory is not None
             gpu = next(g for g in inventory.gpus if g.uuid == device.gpu_uuid)
             mig = next(m for m in gpu.mig_devices if m.uuid == device.physical_uuid)
@@ -488,7 +488,7 @@ def test_serve_simulates_without_a_writable_temp_dir(monkeypatch: Any) -> None:
 
     async def body() -> None:
         async with running_plugin() as plugin:
-            assert plugin.supervisor._host is None
+            assert plugin.supervisor.engine.host is None
             assert set(plugin.kubelet.resources()) == {GPU, MIG}
 
     run(body())
@@ -506,7 +506,7 @@ def test_a_driver_root_without_proc_gets_the_simulated_kernel_modules_files(
     async def body() -> str:
         env = {**CDI_CRI, "NVIDIA_DRIVER_ROOT": str(root)}
         async with running_plugin(env=env) as plugin:
-            host = plugin.supervisor._host
+            host = plugin.supervisor.engine.host
             assert host is not None and not host.temporary
             assert not host.proc_root.startswith(str(root))
             spec = read_spec(plugin)

@@ -17,12 +17,12 @@ from deviceplugin.model.config import (
     MAX_REPLICAS,
     Config,
     ParsedConfig,
-    load_config,
     parse_config,
     summary,
 )
-from deviceplugin.model.config_keys import MAX_CONFIG_BYTES, QUOTE_LIMIT, read_text
+from deviceplugin.model.config_keys import MAX_CONFIG_BYTES, QUOTE_LIMIT
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.node.configread import load_config, read_text
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
 EXAMPLES = sorted(CONFIG_DIR.glob("*.yaml"))

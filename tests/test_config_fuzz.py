@@ -13,9 +13,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deviceplugin.model.config import ParsedConfig, load_config, parse_config
+from deviceplugin.model.config import ParsedConfig, parse_config
 from deviceplugin.model.config_keys import SCHEMA, Shape
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.node.configread import load_config
 
 LONGEST_MESSAGE = 3000  # every quoted input is cut to a few hundred characters
 FUZZ = settings(

@@ -339,8 +339,8 @@ def test_sigterm_and_healthz_are_answered_with_a_fifo_as_config(tmp_path: Path) 
 
 def test_a_large_applied_config_is_logged_by_size_and_digest() -> None:
     # Tens of thousands of rename rules fit in 1 MiB: config.applied must not repeat them all.
-    from deviceplugin.configfile import LOGGED_CONFIG_LIMIT, logged
     from deviceplugin.model.config import load_config_text
+    from deviceplugin.runtime.configfile import LOGGED_CONFIG_LIMIT, logged
 
     rules = "".join(f"    - pattern: 'GPU {n}*'\n      name: gpu-{n}\n" for n in range(2000))
     large = load_config_text(f"version: v1\nresources:\n  gpus:\n{rules}", "c.yaml", {}, {})

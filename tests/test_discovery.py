@@ -11,12 +11,12 @@ import pytest
 import yaml
 from simnode import SimNode, gpu, gpu_uuid, mig_uuid, migs
 
-from deviceplugin.host import open_nvml
 from deviceplugin.model.devices import Inventory, Link, PcieLevel
 from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.resources import mig_resource_name
 from deviceplugin.node.discovery import discover, mig_profile_name, sysfs_bus_id, sysfs_numa_reader
 from deviceplugin.node.nvml import Nvml
+from deviceplugin.runtime.host import open_nvml
 from deviceplugin.sim.fake_nvml import FakeNvml
 
 pytestmark = pytest.mark.usefixtures("nvml_backend")

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.dra.demo import demo
 from tests.draplugin import short_dir
 
@@ -16,7 +17,7 @@ def test_the_demo_registers_prepares_flips_health_and_stops(
 ) -> None:
     root = short_dir("drademo")
     try:
-        assert asyncio.run(demo(root)) == 0
+        assert asyncio.run(demo(root, SERVE_ENV_VARS)) == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out = capsys.readouterr().out

@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from deviceplugin.__main__ import main
-from deviceplugin.dra.claims import Candidate, allocate
-from deviceplugin.dra.explain import ExplainOptions, node_devices
-from deviceplugin.dra.resourceapi import (
+from deviceplugin.explain.claims import Candidate, allocate
+from deviceplugin.explain.command import ExplainOptions, node_devices
+from deviceplugin.explain.resourceapi import (
     Claim,
     Constraint,
     DeviceChoice,
@@ -24,7 +24,7 @@ from deviceplugin.dra.resourceapi import (
     Toleration,
     read_claims,
 )
-from deviceplugin.dra.selectors import Selector, SelectorError, cel_device, parse_quantity
+from deviceplugin.explain.selectors import Selector, SelectorError, cel_device, parse_quantity
 from deviceplugin.model.slices import build_devices, device_name
 from tests.dranode import inventory
 from tests.draplugin import PRESET, published, run, running_driver

@@ -11,8 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deviceplugin.cli import parse_settings
-from deviceplugin.dra.resourceapi import read_claims, read_classes
+from deviceplugin.cli import parse_options
+from deviceplugin.explain.resourceapi import read_claims, read_classes
+from deviceplugin.runtime.options import DraServeOptions
 
 DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")
@@ -103,8 +104,8 @@ def test_the_daemonset_probes_the_http_endpoints_dra_serve_is_told_to_serve() ->
     template = daemonset["spec"]["template"]
     (container,) = template["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    settings = parse_settings(container["command"][1:], env)
-    assert settings.command == "dra serve"
+    settings = parse_options(container["command"][1:], env)
+    assert isinstance(settings, DraServeOptions)
     assert settings.http_address is not None
     host, _, port = settings.http_address.rpartition(":")
     assert host in ("0.0.0.0", "[::]", ""), "kubelet probes come over the pod IP"

@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.cli import Settings
-from deviceplugin.dra.service import DraDriver, run_driver
+from deviceplugin.dra.driver import DraDriver
+from deviceplugin.dra.service import run_driver
 from deviceplugin.model.log import FIELDS
 from deviceplugin.ops.drastatus import DraStatus, Pool
 from deviceplugin.ops.http import DraEndpoints, EndpointServer
+from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import lay_out
 from deviceplugin.sim.node import read_node, resolve_node_path
@@ -143,8 +144,7 @@ async def running(
     config_dir = root / "config"
     events = root / "events.jsonl"
     events.touch()
-    settings = Settings(
-        command="dra serve",
+    settings = DraServeOptions(
         config_file=str(configmap(config_dir, text or config_text(host_tree(PRESET)))),
         simulate=PRESET,
         simulate_events=str(events),

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from deviceplugin.cli import Settings
 from deviceplugin.dra.checkpoint import read_boot_id
+from deviceplugin.dra.driver import DraDriver
 from deviceplugin.dra.registration import SUPPORTED_SERVICES
-from deviceplugin.dra.service import DraDriver
 from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.hostpaths import capability_node, compute_instance_key, gpu_instance_key
+from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.hostroot import mig_minors_table
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 from tests.dranode import inventory
@@ -359,8 +359,7 @@ def test_without_nvml_fail_on_init_error_decides_raise_or_idle() -> None:
     def driver(fail: str) -> DraDriver:
         root = short_dir()
         return DraDriver(
-            Settings(
-                command="dra serve",
+            DraServeOptions(
                 overrides={"fail_on_init_error": fail},
                 kubelet_root=root / "kubelet",
                 cdi_spec_dir=root / "cdi",

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deviceplugin.__main__ import main
-from deviceplugin.dra.claims import Candidate, allocate_all
-from deviceplugin.dra.explain import parse_documents
-from deviceplugin.dra.resourceapi import (
+from deviceplugin.explain.claims import Candidate, allocate_all
+from deviceplugin.explain.command import parse_documents
+from deviceplugin.explain.resourceapi import (
     VERSIONS,
     is_extended_resource_name,
     read_claims,

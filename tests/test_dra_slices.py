@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deviceplugin.dra.selectors import parse_quantity
+from deviceplugin.explain.selectors import parse_quantity
 from deviceplugin.model.slices import (
     MAX_ATTRIBUTES_AND_CAPACITIES,
     TAINT_EFFECTS,

@@ -14,11 +14,11 @@ from simnode import gpu, migs, write_node
 from test_http import GPU, until
 from test_node_config import CONFIG_LABEL, NODE, in_loop, running_node
 
-import deviceplugin.nodeagent
-from deviceplugin.demo import SEED_CONFIG
+import deviceplugin.runtime.nodeagent
 from deviceplugin.model.config import load_config_text
 from deviceplugin.model.gpulabels import family, gpu_labels, owned, product_name
-from deviceplugin.nodelabels import label_patch
+from deviceplugin.plugin.demo import SEED_CONFIG
+from deviceplugin.runtime.nodelabels import label_patch
 from deviceplugin.sim.apiserver import ApiServer
 
 DRIVER = {
@@ -189,7 +189,7 @@ async def test_labels_alone_need_no_config_dir() -> None:
 async def test_a_mig_recut_relabels_and_removes_the_profile_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(deviceplugin.nodeagent, "LABEL_CHECK_SECONDS", 0.1)
+    monkeypatch.setattr(deviceplugin.runtime.nodeagent, "LABEL_CHECK_SECONDS", 0.1)
     node_file = write_node(tmp_path / "node.yaml", [gpu(0, **migs(0, "1g.10gb", "1g.10gb"))])
     async with running_node({}, simulate=str(node_file), gpu_labels=True) as node:
 

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.host import open_nvml
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import ConfigError, NvmlError
-from deviceplugin.model.xidpolicy import REFERENCE_IGNORED, xid_table
+from deviceplugin.model.xidpolicy import REFERENCE_IGNORED
 from deviceplugin.node.health import (
     HealthChange,
     HealthMonitor,
@@ -25,7 +24,9 @@ from deviceplugin.node.health import (
     parse_duration,
 )
 from deviceplugin.node.nvml import EVENT_XID, EventSet, Nvml, NvmlEvent, Probe
+from deviceplugin.node.xidcatalog import policy_from_env, xid_table
 from deviceplugin.ops.metrics import Metrics
+from deviceplugin.runtime.host import open_nvml
 
 GPU0 = "GPU-8e2f3c10-0000-4000-8000-000000000000"
 GPU1 = "GPU-8e2f3c10-0000-4000-8000-000000000001"
@@ -185,20 +186,20 @@ POLICY_CASES = [
 
 @pytest.mark.parametrize(("env", "xid", "fatal", "reason"), POLICY_CASES)
 def test_policy_decides(env: dict[str, str], xid: int, fatal: bool, reason: str) -> None:
-    decision = HealthPolicy.from_env(env).decide(xid)
+    decision = policy_from_env(env).decide(xid)
     assert (decision.fatal, decision.reason) == (fatal, reason)
 
 
 def test_policy_rejects_unknown_name() -> None:
     with pytest.raises(ConfigError) as caught:
-        HealthPolicy.from_env({"DP_HEALTH_POLICY": "strict"})
+        policy_from_env({"DP_HEALTH_POLICY": "strict"})
     assert caught.value.path == "DP_HEALTH_POLICY"
 
 
 def test_policy_watches_unless_everything_disabled() -> None:
-    assert HealthPolicy.from_env({}).watches_xids
-    assert not HealthPolicy.from_env({"DP_DISABLE_HEALTHCHECKS": "all"}).watches_xids
-    assert HealthPolicy.from_env(
+    assert policy_from_env({}).watches_xids
+    assert not policy_from_env({"DP_DISABLE_HEALTHCHECKS": "all"}).watches_xids
+    assert policy_from_env(
         {"DP_DISABLE_HEALTHCHECKS": "all", "DP_ENABLE_HEALTHCHECKS": "48"}
     ).watches_xids
 
@@ -319,7 +320,7 @@ def start(tmp_path: Path) -> Iterator[Start]:
         nvml = WatchedNvml(open_nvml(str(node_file), str(events)))
         nvml.init()
         metrics, reports = Metrics(), Reports()
-        policy = HealthPolicy.from_env(env or {})
+        policy = policy_from_env(env or {})
         monitor = HealthMonitor(
             nvml, inventory or _inventory(), policy, reports, recovery_after, metrics, timing=timing
         )

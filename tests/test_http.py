@@ -23,16 +23,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import deviceplugin.ops.http
-from deviceplugin.cli import Settings
-from deviceplugin.demo import SEED_CONFIG
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.ops.http import MAX_HEAD, HttpServer, parse_address
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.service import run_supervisor
+from deviceplugin.plugin.demo import SEED_CONFIG
+from deviceplugin.plugin.service import run_supervisor
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.podresources import PodResourcesEmulator
-from deviceplugin.supervisor import Supervisor
 
 PRESET = "a100-80gb-x8-mixed"
 CONFIG = SEED_CONFIG
@@ -126,8 +126,7 @@ async def running_plugin(config_dir: str = "") -> AsyncIterator[Plugin]:
     config.parent.mkdir(exist_ok=True)
     config.write_text(CONFIG.format(replicas=2))
     events.touch()
-    settings = Settings(
-        command="serve",
+    settings = ServeOptions(
         kubelet_dir=kubelet_dir,
         cdi_spec_dir=root / "cdi",
         simulate=PRESET,
@@ -312,8 +311,8 @@ def test_pod_gauge_follows_the_kubelet_assignments(monkeypatch: pytest.MonkeyPat
 def test_answers_before_start_and_survives_garbage() -> None:
     async def scenario() -> None:
         root = Path(tempfile.mkdtemp(prefix="dp"))
-        settings = Settings(
-            command="serve", kubelet_dir=root / "device-plugins", cdi_spec_dir=root / "cdi", env={}
+        settings = ServeOptions(
+            kubelet_dir=root / "device-plugins", cdi_spec_dir=root / "cdi", env={}
         )
         http = HttpServer(
             "127.0.0.1:0", Supervisor(settings), root / "absent.sock", read_pods=read_pods

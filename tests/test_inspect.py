@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.cli import Settings
-from deviceplugin.inspect import inspect
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.ops.http import HttpServer
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.service import run_supervisor
+from deviceplugin.plugin.inspect import inspect
+from deviceplugin.plugin.service import run_supervisor
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.options import InspectOptions, ServeOptions
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.podresources import PodResourcesEmulator
-from deviceplugin.supervisor import Supervisor
 
 GPU = "nvidia.com/gpu"
 TIME_SLICING = """\
@@ -46,11 +46,11 @@ def root() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def settings_for(root: Path, **fields: Any) -> Settings:
-    return Settings(command="inspect", kubelet_dir=root / "device-plugins", env={}, **fields)
+def settings_for(root: Path, **fields: Any) -> InspectOptions:
+    return InspectOptions(kubelet_dir=root / "device-plugins", env={}, **fields)
 
 
-def run_json(settings: Settings, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+def run_json(settings: InspectOptions, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     assert inspect(settings) == 0
     document: dict[str, Any] = json.loads(capsys.readouterr().out)
     return document
@@ -195,8 +195,7 @@ def test_from_a_live_plugin(root: Path, capsys: pytest.CaptureFixture[str]) -> N
         await pods.start()
         events = root / "events.jsonl"
         events.touch()
-        settings = Settings(
-            command="serve",
+        settings = ServeOptions(
             kubelet_dir=kubelet_dir,
             cdi_spec_dir=kubelet_dir.parent / "cdi",
             simulate="a10-x8",

@@ -1,10 +1,15 @@
-"""The architecture's rules, checked on the source (docs/architecture.md draws them).
+"""The architecture's rules, checked on the source (docs/architecture.md draws them). A module's
+layer is the directory it sits in, with no exceptions:
 
-- `model` imports nothing of the package, and no I/O library;
+- `model` imports nothing of the package and does no I/O (every file under model/ is checked);
 - `node` imports `model` only;
-- a front-end (`kubelet`, `ops`, `dra`) imports `model` and `node`, never another front-end;
+- a front-end (`kubelet`, `ops`) imports `model` and `node`, never another front-end;
+- `runtime`, what both daemons share (the engine), imports `model`, `node`, `ops` and `sim`;
+- the two daemons, `plugin` and `dra`, sit side by side over `runtime`: neither imports the
+  other, nor `explain`;
+- `explain` (`dra explain` and its API and scheduler emulation) imports no daemon;
 - `sim` imports `model`, `node` and the generated wire stubs of the APIs it emulates;
-- only the composition root (the package's top-level modules) composes them all;
+- only the top-level modules (`__main__`, `cli`, `commands`) compose them all;
 - exactly one module imports pynvml, and nothing below `__main__` calls sys.exit.
 """
 
@@ -17,16 +22,19 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "deviceplugin"
-FRONT_ENDS = ("kubelet", "ops", "dra")
-LAYERS = ("model", "node", *FRONT_ENDS, "sim")
+FRONT_ENDS = ("kubelet", "ops")
+DAEMONS = ("plugin", "dra")
+LAYERS = ("model", "node", *FRONT_ENDS, "runtime", *DAEMONS, "explain", "sim")
 ALLOWED: dict[str, tuple[str, ...]] = {
     "model": ("model",),
     "node": ("model", "node"),
     **{front_end: ("model", "node", front_end) for front_end in FRONT_ENDS},
+    "runtime": ("model", "node", "ops", "runtime", "sim"),
+    "plugin": ("model", "node", "kubelet", "ops", "runtime", "sim", "plugin"),
+    "dra": ("model", "node", "ops", "runtime", "sim", "dra"),
+    "explain": ("model", "node", "runtime", "sim", "explain"),
     "sim": ("model", "node", "sim"),
 }
-# The DRA driver's entry points (serve, explain, demo) compose like the top-level modules do.
-DRA_COMPOSITION = ("dra.service", "dra.explain", "dra.demo")
 IO_LIBRARIES = ("pynvml", "grpc", "prometheus_client", "socket", "subprocess", "ctypes")
 
 
@@ -60,10 +68,8 @@ def imported(tree: ast.Module) -> set[str]:
 
 
 def layer_of(module: str) -> str:
-    """The layer of a dotted name below `deviceplugin`; "root" for the top-level modules and for
-    the DRA driver's own composition modules, which live with the DRA code."""
-    if module in DRA_COMPOSITION:
-        return "root"
+    """The layer of a dotted name below `deviceplugin`: its first directory; "root" for the
+    top-level modules."""
     first = module.split(".")[0]
     return first if first in LAYERS else "root"
 
@@ -96,7 +102,7 @@ def violations(tree_by_module: Mapping[str, ast.Module]) -> list[str]:
             target_layer = layer_of(target)
             if target_layer in ALLOWED[layer]:
                 continue
-            if layer == "sim" and target_layer in FRONT_ENDS and is_wire_stub(target):
+            if layer == "sim" and target_layer in (*FRONT_ENDS, *DAEMONS) and is_wire_stub(target):
                 continue
             found.append(f"{module} ({layer}) imports {target} ({target_layer})")
     return found
@@ -107,7 +113,7 @@ def test_the_package_keeps_its_layers() -> None:
 
 
 def test_every_layer_is_a_package_that_states_its_rule() -> None:
-    for layer in ("model", "node", "kubelet", "ops", "sim"):
+    for layer in LAYERS:
         init = PACKAGE / layer / "__init__.py"
         assert init.exists(), f"{layer} is not a package"
         docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
@@ -138,15 +144,27 @@ def test_every_layer_is_a_package_that_states_its_rule() -> None:
         ),
         pytest.param(
             "ops.http",
-            "import deviceplugin.supervisor",
-            "ops.http (ops) imports supervisor (root)",
-            id="front-end-imports-root",
+            "import deviceplugin.plugin.supervisor",
+            "ops.http (ops) imports plugin.supervisor (plugin)",
+            id="front-end-imports-a-daemon",
         ),
         pytest.param(
-            "dra.publisher",
-            "from deviceplugin.dra.service import DraDriver",
-            "dra.publisher (dra) imports dra.service (root)",
-            id="dra-front-end-imports-its-composition",
+            "dra.driver",
+            "from deviceplugin.plugin.supervisor import Supervisor",
+            "dra.driver (dra) imports plugin.supervisor (plugin)",
+            id="daemon-imports-the-other",
+        ),
+        pytest.param(
+            "dra.driver",
+            "from deviceplugin.explain.claims import allocate_all",
+            "dra.driver (dra) imports explain.claims (explain)",
+            id="driver-imports-explain",
+        ),
+        pytest.param(
+            "runtime.engine",
+            "from deviceplugin.cli import parse_options",
+            "runtime.engine (runtime) imports cli (root)",
+            id="runtime-imports-root",
         ),
         pytest.param(
             "sim.kubelet",
@@ -165,8 +183,9 @@ def test_allowed_imports_are_not_reported() -> None:
         "node.discovery": ast.parse("from deviceplugin.model.devices import Gpu"),
         "kubelet.server": ast.parse("from deviceplugin.node.unixgrpc import listen_unix"),
         "sim.kubelet": ast.parse("from deviceplugin.kubelet.v1beta1 import api_pb2_grpc"),
-        "supervisor": ast.parse("from deviceplugin.ops.metrics import Metrics"),
-        "dra.service": ast.parse("from deviceplugin.host import open_nvml"),
+        "plugin.supervisor": ast.parse("from deviceplugin.runtime.engine import NodeEngine"),
+        "dra.driver": ast.parse("from deviceplugin.runtime.engine import NodeEngine"),
+        "cli": ast.parse("from deviceplugin.plugin.service import serve"),
     }
     assert violations(allowed) == []
 
@@ -180,14 +199,53 @@ def test_only_the_nvml_module_imports_pynvml() -> None:
     assert importers == ["node.nvml"]
 
 
-def test_the_model_imports_no_io_library() -> None:
-    model = {name: tree for name, tree in modules().items() if layer_of(name) == "model"}
-    assert len(model) > 5
-    edges = {
-        name: sorted(n for n in imported(tree) if n.split(".")[0] in IO_LIBRARIES)
-        for name, tree in model.items()
+# What `model/` may not touch, checked on every file under the directory: it does no I/O.
+MODEL_IO_MODULES = (
+    *IO_LIBRARIES,
+    *("os", "stat", "io", "pathlib", "shutil", "tempfile", "importlib", "glob", "fcntl"),
+    *("mmap", "select", "signal", "threading", "asyncio", "urllib", "http"),
+)
+FILE_METHODS = ("read_text", "read_bytes", "write_text", "write_bytes", "open", "mkdir", "unlink")
+
+
+def io_done(tree: ast.Module) -> list[str]:
+    """The I/O a module's source does: modules imported for it, `open()`, file methods."""
+    found = [
+        f"imports {name}"
+        for name in sorted(imported(tree))
+        if name.split(".")[0] in MODEL_IO_MODULES
+    ]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Name) and node.func.id == "open":
+            found.append(f"calls open() on line {node.lineno}")
+        if isinstance(node.func, ast.Attribute) and node.func.attr in FILE_METHODS:
+            found.append(f"calls .{node.func.attr}() on line {node.lineno}")
+    return found
+
+
+def test_the_model_does_no_io() -> None:
+    files = sorted((PACKAGE / "model").rglob("*.py"))
+    assert len(files) > 5
+    doing = {
+        str(path.relative_to(PACKAGE)): io_done(ast.parse(path.read_text(), filename=str(path)))
+        for path in files
     }
-    assert {name: found for name, found in edges.items() if found} == {}
+    assert {path: found for path, found in doing.items() if found} == {}
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        pytest.param("import os", id="os"),
+        pytest.param("from importlib import resources", id="package-data"),
+        pytest.param("text = open('f').read()", id="open"),
+        pytest.param("text = path.read_text()", id="read-text"),
+    ],
+)
+def test_io_in_the_model_is_found(source: str) -> None:
+    assert io_done(ast.parse(source)) != []
 
 
 def test_only_main_calls_sys_exit() -> None:

@@ -27,16 +27,17 @@ import pytest
 from draplugin import write_kubeconfig
 from test_http import CONFIG, GPU, MIG, get, until
 
-import deviceplugin.nodeagent
-from deviceplugin.cli import Settings, parse_settings
+import deviceplugin.runtime.nodeagent
+from deviceplugin.cli import parse_options
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.ops.http import HttpServer
 from deviceplugin.ops.metrics import Metrics, NoMetrics
-from deviceplugin.service import run_supervisor
+from deviceplugin.plugin.service import run_supervisor
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.options import InspectOptions, ServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.kubelet import KubeletEmulator
-from deviceplugin.supervisor import Supervisor
 
 NODE = "gpu-node-1"
 SHARED = CONFIG.format(replicas=2)  # nvidia.com/gpu: 4 whole GPUs x 2 replicas
@@ -125,8 +126,7 @@ async def running_node(
     kubelet = KubeletEmulator(root / "device-plugins")
     await kubelet.start()
     write_configmap(root / "config", configs)
-    settings = Settings(
-        command="serve",
+    settings = ServeOptions(
         kubelet_dir=root / "device-plugins",
         cdi_spec_dir=root / "cdi",
         simulate=simulate,
@@ -203,20 +203,27 @@ def test_config_dir_and_config_file_together_are_a_usage_error(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as caught:
-        parse_settings(["serve", "--config-dir", "/d", "--config-file", "/f"], {})
+        parse_options(["serve", "--config-dir", "/d", "--config-file", "/f"], {})
     assert caught.value.code == 2
     assert "choose one" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        parse_settings(["serve", "--gpu-labels", "yes"], {})
+        parse_options(["serve", "--gpu-labels", "yes"], {})
     assert "must be on or off, got 'yes'" in capsys.readouterr().err
 
 
+def serve_options(argv: list[str], env: dict[str, str]) -> ServeOptions:
+    options = parse_options(argv, env)
+    assert isinstance(options, ServeOptions)
+    return options
+
+
 def test_serve_follows_its_node_only_when_asked() -> None:
-    assert not parse_settings(["serve"], {}).follows_node
-    settings = parse_settings(["serve"], {"DP_CONFIG_DIR": "/d", "DEFAULT_CONFIG": "x"})
+    assert not serve_options(["serve"], {}).follows_node
+    settings = serve_options(["serve"], {"DP_CONFIG_DIR": "/d", "DEFAULT_CONFIG": "x"})
     assert settings.follows_node and settings.default_config == "x"
-    assert parse_settings(["serve", "--gpu-labels", "on"], {}).follows_node
-    assert not parse_settings(["inspect"], {"DP_CONFIG_DIR": "/d"}).follows_node
+    assert serve_options(["serve", "--gpu-labels", "on"], {}).follows_node
+    inspect = parse_options(["inspect"], {"DP_CONFIG_DIR": "/d"})
+    assert isinstance(inspect, InspectOptions), "inspect takes no named configs"
 
 
 # --- a running plugin -------------------------------------------------------------------------
@@ -335,7 +342,7 @@ async def test_a_lost_api_server_is_retried_and_the_kubelet_still_served() -> No
 async def test_an_unreachable_api_server_at_start_leaves_the_default_serving(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(deviceplugin.nodeagent, "FIRST_SIGHT_SECONDS", 0.2)
+    monkeypatch.setattr(deviceplugin.runtime.nodeagent, "FIRST_SIGHT_SECONDS", 0.2)
     api = ApiServer()
     api.fail_next(503, 1000)
     async with running_node({CONFIG_LABEL: "shared"}, api=api) as node:

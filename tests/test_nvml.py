@@ -13,7 +13,6 @@ import pynvml
 import pytest
 from simnode import SimNode, gpu, gpu_uuid, mig_uuid, migs
 
-from deviceplugin.host import open_nvml
 from deviceplugin.model.errors import ConfigError, GpuLostError, NvmlError
 from deviceplugin.node.nvml import (
     EVENT_DOUBLE_BIT_ECC,
@@ -24,6 +23,7 @@ from deviceplugin.node.nvml import (
     NvmlEvent,
     Probe,
 )
+from deviceplugin.runtime.host import open_nvml
 
 pytestmark = pytest.mark.usefixtures("nvml_backend")
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from deviceplugin.offloop import OffLoop
+from deviceplugin.runtime.offloop import OffLoop
 
 
 def job_threads(what: str) -> list[threading.Thread]:

@@ -94,7 +94,7 @@ def _imports_on_preset(tmp_path: Path, *flags: str) -> set[str]:
 
 def test_serve_on_default_flags_loads_no_heavy_module(tmp_path: Path) -> None:
     imports = _imports_on_preset(tmp_path)
-    assert {"grpc", "deviceplugin.supervisor", "deviceplugin.sim.fake_nvml"} <= imports
+    assert {"grpc", "deviceplugin.plugin.supervisor", "deviceplugin.sim.fake_nvml"} <= imports
     assert _loaded(imports, HEAVY) == []
     assert _loaded(imports, UNUSED_ON_DEFAULT_FLAGS) == []
 

@@ -1,8 +1,8 @@
-"""The DRA driver: this node's GPUs for the scheduler (ResourceSlices, CEL selectors) and for
-the kubelet (the DRA plugin's gRPC services), over the engine the device plugin uses too.
+"""The DRA driver (`dra serve`, `dra demo`): this node's GPUs for the scheduler (ResourceSlices)
+and for the kubelet (the DRA plugin's gRPC services), a composition over the node engine the
+device plugin runs on too (`service`). `dra explain` and its API and scheduler emulation live
+apart, in `explain/`.
 
-`service` (`dra serve`), `explain` (`dra explain`) and `demo` (`dra demo`) compose the driver as
-the top-level modules compose the device plugin: they may import anything. Every other module
-here is the front-end proper. May import: `model` and `node`. Never another front-end, never a
-composition module.
+May import `model`, `node`, `ops`, `runtime`, `sim` and `dra`: never the device plugin
+(`plugin`), `explain` or the root.
 """

@@ -17,10 +17,10 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 
@@ -84,8 +84,9 @@ async def _until(predicate: Any, timeout: float) -> None:
             await asyncio.sleep(0.02)
 
 
-async def demo(root: Path) -> int:
-    """Run the story; 0 when the driver did every step and stopped cleanly."""
+async def demo(root: Path, serve_env: Collection[str] = ()) -> int:
+    """Run the story; 0 when the driver did every step and stopped cleanly. The driver runs
+    without the variables named in `serve_env` (this process's serve settings)."""
     server = ApiServer()
     await server.start()
     kubelet = root / "kubelet"
@@ -93,7 +94,7 @@ async def demo(root: Path) -> int:
     events.touch()
     watcher = PluginWatcher(kubelet)
     await watcher.start()
-    env = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in serve_env}
     process = await asyncio.create_subprocess_exec(
         *(sys.executable, "-m", "deviceplugin", "dra", "serve", "--simulate", PRESET),
         *("--simulate-events", str(events), "--node-name", NODE),
@@ -158,9 +159,9 @@ async def demo(root: Path) -> int:
         await server.stop()
 
 
-def main() -> int:
+def main(serve_env: Collection[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="dra-demo", dir="/tmp"))
     try:
-        return asyncio.run(demo(root))
+        return asyncio.run(demo(root, serve_env))
     finally:
         shutil.rmtree(root, ignore_errors=True)

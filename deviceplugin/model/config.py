@@ -28,7 +28,6 @@ from deviceplugin.model.config_keys import (
     put,
     quote,
     read_document,
-    read_file,
     scan_keys,
 )
 from deviceplugin.model.errors import ConfigError
@@ -384,22 +383,13 @@ def parse_config(text: str, source: str = "<config>") -> ParsedConfig:
     return _build(read_document(text, source), ())
 
 
-def load_config(
-    path: str | None, cli: Mapping[str, str | None], env: Mapping[str, str]
-) -> ParsedConfig:
-    """Read the file at `path` (none: defaults), then apply overrides, flag > env > file.
-
-    `cli` maps the keys of ENV_OVERRIDES to a flag's value, None when the flag was not given
-    (other keys are ignored); an empty environment variable counts as unset."""
-    document = {} if path is None else read_file(path)
-    return _with_overrides(document, cli, env)
-
-
 def load_config_text(
     text: str | None, source: str | None, cli: Mapping[str, str | None], env: Mapping[str, str]
 ) -> ParsedConfig:
-    """`load_config` on text already read (so a caller can compare it before parsing); None
-    stands for no config file, the defaults."""
+    """The config file's `text` (None: no config file, the defaults), then the overrides,
+    flag > env > file. `cli` maps the keys of ENV_OVERRIDES to a flag's value, None when the
+    flag was not given (other keys are ignored); an empty environment variable counts as
+    unset."""
     document = {} if text is None else read_document(text, source or "<config>")
     return _with_overrides(document, cli, env)
 

@@ -6,19 +6,16 @@ the reference plugin's v1 schema: a key no version defines is an error naming it
 did-you-mean); a key it defines that this plugin does not act on is set aside for a warning.
 `given_overrides` turns flags and environment variables into values at document paths.
 
-The file is untrusted input that a reload reads while the plugin serves: `read_text` reads only a
-regular file of at most `MAX_CONFIG_BYTES` (a FIFO would block the reader, `/dev/zero` never ends),
-`read_document` refuses documents with no content, nesting too deep or aliases that expand beyond
-what the file could hold, and every message that repeats input shows at most `QUOTE_LIMIT`
-characters of it (`quote`, `describe`).
+The file is untrusted input that a reload reads while the plugin serves (`node.configread` reads
+at most `MAX_CONFIG_BYTES` of it): `read_document` refuses documents with no content, nesting
+too deep or aliases that expand beyond what the file could hold, and every message that repeats
+input shows at most `QUOTE_LIMIT` characters of it (`quote`, `describe`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -163,77 +160,6 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(0b[01_]+|0[0-7_]+|0|[1-9][0-9_]*|0x[0-9a-fA-F_]+)$"),
     list("-+0123456789"),
 )
-
-_NOT_REGULAR = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def read_text(path: str, only_regular: bool = True) -> str:
-    """A config file's text; a file that cannot be read is an error naming it and why.
-
-    Only a regular file (after following symlinks) of at most MAX_CONFIG_BYTES is read. It is
-    opened without blocking and checked on the open descriptor, so a FIFO or device swapped in
-    at any moment is refused instead of read. `only_regular` False lets a one-shot command read
-    a pipe or terminal too (`validate-config /dev/stdin`), as much as a file may hold."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(path, f"cannot read config file: {exc.strerror}") from None
-    try:
-        size = _regular_size(fd, path) if only_regular else 0
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(path, _too_big(size))
-        os.set_blocking(fd, True)
-        data = _read_at_most(fd, MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(path, f"cannot read config file: {exc.strerror}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CONFIG_BYTES:  # it grew while being read
-        raise ConfigError(path, _too_big(None))
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(path, "cannot read config file: not UTF-8 text") from None
-
-
-def _regular_size(fd: int, path: str) -> int:
-    """The size of the open file; an error unless it is a regular file."""
-    info = os.fstat(fd)
-    for test, kind in _NOT_REGULAR:
-        if test(info.st_mode):
-            raise ConfigError(path, f"cannot read config file: it is {kind}, not a regular file")
-    return info.st_size
-
-
-def _too_big(size: int | None) -> str:
-    """`size` None: more came than the limit (a pipe, a file growing while read)."""
-    limit = f"the limit is {MAX_CONFIG_BYTES} bytes (1 MiB, the most a ConfigMap holds)"
-    if size is None:
-        return f"config file holds more than {MAX_CONFIG_BYTES} bytes; {limit}"
-    return f"config file is {size} bytes; {limit}"
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
-    while total < limit:
-        chunk = os.read(fd, min(65536, limit - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
-
-
-def read_file(path: str) -> dict[str, object]:
-    """`read_document` on a file's text."""
-    return read_document(read_text(path), path)
 
 
 def read_document(text: str, source: str) -> dict[str, object]:

@@ -17,9 +17,8 @@ is critical" (the upstream plugin switches monitoring off in that case instead).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import cache
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 import yaml
@@ -47,12 +46,8 @@ class XidInfo:
     back: str  # app_restart | gpu_reset | node_reboot | depends
 
 
-@cache
-def xid_table() -> Mapping[int, XidInfo]:
-    """The packaged Xid table (deviceplugin/model/data/xids.yaml), parsed once."""
-    from importlib import resources  # 0.7 MiB of imports, for the catalog policy only
-
-    text = resources.files("deviceplugin.model").joinpath("data/xids.yaml").read_text()
+def parse_xid_table(text: str) -> Mapping[int, XidInfo]:
+    """The Xid table (`data/xids.yaml`, read by `node.xidcatalog`) from its text."""
     table: dict[int, XidInfo] = {}
     for xid, row in yaml.safe_load(text).items():
         mnemonic, action, back = row
@@ -78,10 +73,15 @@ class HealthPolicy:
     ignore_all: bool = False  # DP_DISABLE_HEALTHCHECKS=all|xids
     enabled: frozenset[int] = frozenset()  # DP_ENABLE_HEALTHCHECKS numbers
     enable_all: bool = False  # DP_ENABLE_HEALTHCHECKS=all
+    # the Xid table the catalog policy follows (empty under `reference`, which needs none)
+    catalog: Mapping[int, XidInfo] = field(default_factory=dict, compare=False, hash=False)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> HealthPolicy:
-        """Read DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS and DP_HEALTH_POLICY.
+    def from_env(
+        cls, env: Mapping[str, str], catalog: Callable[[], Mapping[int, XidInfo]]
+    ) -> HealthPolicy:
+        """Read DP_DISABLE_HEALTHCHECKS, DP_ENABLE_HEALTHCHECKS and DP_HEALTH_POLICY; `catalog`
+        gives the Xid table, asked for only under the catalog policy.
 
         Junk list entries are logged and skipped (as upstream does); an unknown policy name is a
         ConfigError, because silently falling back would flip which Xids take GPUs away.
@@ -97,6 +97,7 @@ class HealthPolicy:
             ignore_all=ignore_all,
             enabled=enabled,
             enable_all=enable_all,
+            catalog=catalog() if base == "catalog" else {},
         )
 
     @property
@@ -114,7 +115,7 @@ class HealthPolicy:
             if xid in REFERENCE_IGNORED:
                 return Decision(False, "ignored")
             return Decision(True, "critical", f"xid-{xid}")
-        info = xid_table().get(xid)
+        info = self.catalog.get(xid)
         if info is None:
             return Decision(True, "critical", f"xid-{xid}")
         if info.back == "app_restart":

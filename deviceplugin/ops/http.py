@@ -145,7 +145,7 @@ class PluginEndpoints:
 
 
 class DraView(Protocol):
-    """What the endpoints read of a running DRA driver (`dra.service.DraDriver` provides it)."""
+    """What the endpoints read of a running DRA driver (`dra.driver.DraDriver` provides it)."""
 
     metrics: DraMetrics
 

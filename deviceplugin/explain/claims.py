@@ -28,8 +28,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceplugin.dra.resourceapi import Claim, Constraint, DeviceChoice, DeviceClass, Request
-from deviceplugin.dra.selectors import Selector, SelectorError, cel_device, qualified
+from deviceplugin.explain.resourceapi import Claim, Constraint, DeviceChoice, DeviceClass, Request
+from deviceplugin.explain.selectors import Selector, SelectorError, cel_device, qualified
 
 JsonObject = dict[str, Any]
 MAX_RESULTS = 32  # AllocationResultsMaxSize: devices per claim

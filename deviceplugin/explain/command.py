@@ -22,59 +22,28 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from deviceplugin.cli import Settings
-from deviceplugin.dra.claims import Allocation, Candidate, allocate_all, select
-from deviceplugin.dra.resourceapi import Claim, read_claims, read_classes
-from deviceplugin.dra.selectors import SelectorError
-from deviceplugin.host import open_nvml
-from deviceplugin.model.config import load_config
+from deviceplugin.explain.claims import Allocation, Candidate, allocate_all, select
+from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
+from deviceplugin.explain.selectors import SelectorError
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
-from deviceplugin.model.slices import DEFAULT_TAINT, DRIVER, TaintEffect, build_devices
+from deviceplugin.model.slices import build_devices
 from deviceplugin.model.xidpolicy import HealthPolicy
+from deviceplugin.node.configread import load_config
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import GPU_LOST, xid_health
+from deviceplugin.node.xidcatalog import policy_from_env
+from deviceplugin.runtime.host import open_nvml
+from deviceplugin.runtime.options import ExplainOptions
 from deviceplugin.sim.events import parse_line
 
 JsonObject = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ExplainOptions:
-    """What `dra explain` was asked."""
-
-    class_file: str
-    simulate: str
-    claim_file: str | None = None
-    events_file: str | None = None
-    unhealthy: tuple[str, ...] = ()
-    config_file: str | None = None
-    driver: str = DRIVER
-    taint: TaintEffect | None = DEFAULT_TAINT
-    output: str = "table"
-    env: Mapping[str, str] = field(default_factory=dict)
-
-
-def options_from(settings: Settings) -> ExplainOptions:
-    """The options of `dra explain` from the parsed command line."""
-    return ExplainOptions(
-        class_file=settings.class_file or "",
-        simulate=settings.simulate or "",
-        claim_file=settings.claim_file,
-        events_file=settings.simulate_events,
-        unhealthy=settings.unhealthy,
-        config_file=settings.config_file,
-        taint=settings.unhealthy_taint,
-        output=settings.output,
-        env=settings.env,
-    )
 
 
 def explain(options: ExplainOptions) -> int:
@@ -131,7 +100,7 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
             nvml.shutdown()
     unhealthy = dict.fromkeys(options.unhealthy, "marked-unhealthy")
     if options.events_file:
-        policy = HealthPolicy.from_env(options.env)
+        policy = policy_from_env(options.env)
         unhealthy.update(events_health(Path(options.events_file), policy, inventory))
     return build_devices(inventory, unhealthy, options.driver, options.taint)
 

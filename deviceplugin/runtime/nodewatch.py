@@ -15,9 +15,9 @@ import random
 from collections.abc import Awaitable, Callable
 from urllib.parse import urlencode
 
-from deviceplugin.apiclient import ApiClient, ApiError
 from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.log import log_event
+from deviceplugin.runtime.apiclient import ApiClient, ApiError
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from deviceplugin.cli import Settings
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.service import run_supervisor
+from deviceplugin.plugin.service import run_supervisor
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.sim.kubelet import KubeletEmulator
-from deviceplugin.supervisor import Supervisor
 
 PRESET = "a100-80gb-x8-mixed"
 SEED_CONFIG = """\
@@ -71,8 +71,7 @@ async def demo() -> int:
     config = write_configmap(root / "cm", SEED_CONFIG.format(replicas=2))
     events = root / "events.jsonl"
     events.touch()
-    settings = Settings(
-        command="serve",
+    settings = ServeOptions(
         kubelet_dir=root / "k",
         cdi_spec_dir=root / "cdi",  # never the host's: a demo must not touch a real node's spec
         simulate=PRESET,

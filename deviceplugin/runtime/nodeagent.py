@@ -27,9 +27,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from deviceplugin.apiclient import ApiClient, ApiError, credentials
-from deviceplugin.background import spawn
-from deviceplugin.cli import Settings
 from deviceplugin.model.config import Config
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
 from deviceplugin.model.devices import Inventory
@@ -37,9 +34,12 @@ from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.gpulabels import gpu_labels
 from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.log import log_event
-from deviceplugin.nodelabels import LabelWriter
-from deviceplugin.nodewatch import NodeWatch
 from deviceplugin.ops.metrics import SharedMetrics
+from deviceplugin.runtime.apiclient import ApiClient, ApiError, credentials
+from deviceplugin.runtime.background import spawn
+from deviceplugin.runtime.nodelabels import LabelWriter
+from deviceplugin.runtime.nodewatch import NodeWatch
+from deviceplugin.runtime.options import NodeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class NodeAgent:
     starts, `serving` after, `stop` at the end."""
 
     def __init__(
-        self, settings: Settings, supervisor: Follower, client: ApiClient | None = None
+        self, settings: NodeOptions, supervisor: Follower, client: ApiClient | None = None
     ) -> None:
         self.node_name = settings.node_name or socket.gethostname()
         self._supervisor = supervisor

@@ -8,27 +8,23 @@ catches what they cannot see (a MIG re-cut, a missed file event).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deviceplugin.background import periodically, spawn
-from deviceplugin.cli import Settings
+from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import Metrics, NoMetrics
-from deviceplugin.supervisor import Supervisor
-from deviceplugin.watch import Watchers
+from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.background import spawn
+from deviceplugin.runtime.options import ServeOptions
+from deviceplugin.runtime.run import run_daemon
+from deviceplugin.runtime.watch import Watchers
 
 if TYPE_CHECKING:
-    from deviceplugin.nodeagent import NodeAgent
     from deviceplugin.ops.http import HttpServer
 
 logger = logging.getLogger(__name__)
-
-REDISCOVER_SECONDS = 60.0
-SOCKET_CHECK_SECONDS = 5.0
 
 
 async def _often(supervisor: Supervisor) -> None:
@@ -43,7 +39,6 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
     HTTP (`http`, or one built from `--http-address`) listens before start-up begins, so
     /healthz answers and /readyz says "starting" while devices are discovered and registered.
     """
-    loop = asyncio.get_running_loop()
     settings = supervisor.settings
     if http is None and settings.http_address:
         # The HTTP stack and the pod-resources client only for a plugin that serves HTTP.
@@ -56,60 +51,30 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
             pod_resources_socket(settings.kubelet_dir),
             read_pods=read_pods,
         )
-    watchers = Watchers()
-    periodic: asyncio.Task[None] | None = None
-    node: NodeAgent | None = None
-    try:
-        if http is not None:
-            await http.start()
-        if settings.follows_node:  # only then: the API client is imported by no other serve
-            from deviceplugin.nodeagent import NodeAgent
 
-            node = NodeAgent(settings, supervisor)
-            await node.start()
-        await supervisor.start()
-        if node is not None:
-            node.serving()
-        if node is not None and settings.config_dir:
-            watchers.watch_config(loop, node.config_path, node.config_changed)
-        elif settings.config_file:
-            watchers.watch_config(
-                loop, Path(settings.config_file), lambda: supervisor.reload("config file changed")
-            )
+    def watch_kubelet(watchers: Watchers, loop: asyncio.AbstractEventLoop) -> None:
         watchers.watch_kubelet(
             loop,
-            settings.kubelet_dir,
+            settings.kubelet_dir / KUBELET_SOCKET,
             supervisor.our_sockets,
             lambda: supervisor.check_kubelet("kubelet directory changed"),
         )
-        watchers.start()
-        periodic = loop.create_task(
-            periodically(
-                lambda: _often(supervisor),
-                supervisor.rediscover,
-                SOCKET_CHECK_SECONDS,
-                REDISCOVER_SECONDS,
-                "periodic.failed",
-            )
-        )
-        log_event(logger, "plugin.started", resources=sorted(supervisor.resources))
-        await supervisor.wait_stopped()
-    finally:
-        if periodic is not None:
-            periodic.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await periodic
-        await asyncio.to_thread(watchers.stop)
-        if node is not None:
-            await node.stop()
-        try:
-            await supervisor.shutdown()
-        finally:
-            if http is not None:
-                await http.stop()
+
+    await run_daemon(
+        supervisor,
+        settings,
+        until=supervisor.wait_stopped,
+        shutdown=supervisor.shutdown,
+        often=lambda: _often(supervisor),
+        failed_event="periodic.failed",
+        http=http,
+        follows_node=settings.follows_node,
+        watch=watch_kubelet,
+        started=lambda: log_event(logger, "plugin.started", resources=sorted(supervisor.resources)),
+    )
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: ServeOptions) -> None:
     """The `serve` command: run until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     supervisor = Supervisor(settings, Metrics() if settings.http_address else NoMetrics())

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from deviceplugin.apiclient import ApiClient, ApiError, node_path
 from deviceplugin.model.gpulabels import owned
 from deviceplugin.model.jsonobject import JsonObject
+from deviceplugin.runtime.apiclient import ApiClient, ApiError, node_path
 
 NFD_GROUP = "/apis/nfd.k8s-sigs.io/v1alpha1"
 NFD_NODE_LABEL = "nfd.node.kubernetes.io/node-name"

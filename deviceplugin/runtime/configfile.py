@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deviceplugin.model.config import ParsedConfig
-from deviceplugin.model.config_keys import read_text
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
-from deviceplugin.offloop import OffLoop
+from deviceplugin.node.configread import read_text
 from deviceplugin.ops.metrics import SharedMetrics
+from deviceplugin.runtime.offloop import OffLoop
 
 logger = logging.getLogger(__name__)
 

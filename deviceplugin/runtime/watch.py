@@ -27,10 +27,9 @@ from collections.abc import Callable, Coroutine, Set
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.background import spawn
-from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.log import log_event
 from deviceplugin.node.inotify import DirectoryEvent, DirectoryWatch, DirectoryWatches
+from deviceplugin.runtime.background import spawn
 
 logger = logging.getLogger(__name__)
 
@@ -275,18 +274,20 @@ class Watchers:
     def watch_kubelet(
         self,
         loop: asyncio.AbstractEventLoop,
-        kubelet_dir: Path,
+        kubelet_socket: Path,
         our_sockets: Callable[[], Set[str]],
         on_change: Trigger,
         delay: float = 0.02,
     ) -> None:
-        """Check the kubelet when kubelet.sock appears or goes, or one of our sockets goes."""
+        """Check the kubelet when `kubelet_socket` appears or goes, or one of our sockets (in
+        its directory) goes."""
+        kubelet_dir = kubelet_socket.parent
         debounced = Debounced(loop, on_change, delay)
 
         def wanted(event: DirectoryEvent) -> bool:
             if event.kind == "lost":
                 return True
-            if event.name == KUBELET_SOCKET and event.kind in ("created", "moved", "deleted"):
+            if event.name == kubelet_socket.name and event.kind in ("created", "moved", "deleted"):
                 return True
             return event.kind in ("deleted", "moved") and event.name in our_sockets()
 

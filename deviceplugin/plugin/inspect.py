@@ -17,19 +17,19 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from deviceplugin.cli import Settings
-from deviceplugin.host import open_nvml
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
-from deviceplugin.model.config import load_config
 from deviceplugin.model.errors import DevicePluginError, NvmlError
 from deviceplugin.model.resources import ResourceSet, build_plan
+from deviceplugin.node.configread import load_config
 from deviceplugin.node.discovery import discover
 from deviceplugin.ops.snapshot import build_snapshot, without_pods
+from deviceplugin.runtime.host import open_nvml
+from deviceplugin.runtime.options import InspectOptions
 
 FETCH_TIMEOUT_SECONDS = 3.0
 
 
-def inspect(settings: Settings) -> int:
+def inspect(settings: InspectOptions) -> int:
     """Print the document; 0 on success, 1 when `--from` cannot be read. ConfigError,
     DiscoveryError and (with failOnInitError) NvmlError propagate to `__main__`."""
     if settings.source:
@@ -46,7 +46,7 @@ def inspect(settings: Settings) -> int:
     return 0
 
 
-def dry_run(settings: Settings) -> dict[str, Any]:
+def dry_run(settings: InspectOptions) -> dict[str, Any]:
     """Build what `serve` would advertise, and (with --pods) ask the kubelet who holds what."""
     parsed = load_config(settings.config_file, settings.overrides, settings.env)
     config = parsed.config

@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from deviceplugin.dra.selectors import Selector, SelectorError
+from deviceplugin.explain.selectors import Selector, SelectorError
 from deviceplugin.model.config_keys import describe
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.kubenames import (

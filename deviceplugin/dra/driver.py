@@ -1,0 +1,372 @@
+"""The DRA driver: a composition over the node engine, run by `dra serve` (`dra/service.py`).
+
+Start-up, in the order the kubelet needs it: the config file and flags (as `serve` merges
+them), NVML (simulated with `--simulate`), discovery (published as the hardware is: the device
+plugin's MIG strategy and sharing do not apply); the API client (`--kubeconfig`, else
+in-cluster) and the first publish of the slices; the checkpoint; the DRA socket; and last the
+registration socket, so the kubelet finds a driver that already answers. The health monitor
+then reports Xids and recoveries, each republished at once (`healthy` turns false, and the
+device is tainted unless `--unhealthy-taint off`). After each successful registration the
+slices are listed and repaired, since the kubelet wipes a driver's slices while none of its
+plugins is registered.
+
+While it runs, a cheap check every few seconds serves again on a socket that was deleted under
+it (the plugin watcher then registers the driver anew), and every minute the node is
+rediscovered: a MIG re-cut or a GPU gone is republished and Prepare maps to the new devices.
+
+Without NVML, `failOnInitError: true` (the default) fails start-up; `false` idles as `serve`
+does: nothing published, nothing registered, until stopped.
+
+Operated as `serve` is: `--http-address` serves /healthz, /readyz, /metrics and /status
+(`ops.http.DraEndpoints`, from `status()` and `DraMetrics`), and the config file is followed
+(a ConfigMap swap, SIGHUP): a valid one is adopted and the slices republished, an invalid one
+refused while the last good one stays (`reload`).
+
+On stop both sockets are removed (the kubelet deregisters the driver) and NVML is shut down.
+The claims' CDI specs and the checkpoint stay: running containers are defined by them, and a
+restarted driver answers for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from deviceplugin.dra.checkpoint import BOOT_ID_FILE, FILE_NAME, Checkpoint, read_boot_id
+from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
+from deviceplugin.dra.devicehealth import HealthReporter, device_states
+from deviceplugin.dra.failpoints import Failpoints
+from deviceplugin.dra.kubeapi import KubeApi, connect
+from deviceplugin.dra.plugin import DraServer
+from deviceplugin.dra.prepare import NodeDevices, Preparer
+from deviceplugin.dra.publisher import SlicePublisher
+from deviceplugin.dra.registration import (
+    DRA_SOCKET_NAME,
+    RegistrationServer,
+    plugin_dir,
+    registration_socket,
+)
+from deviceplugin.model.cdi import CdiOptions
+from deviceplugin.model.config import Config
+from deviceplugin.model.devices import Inventory
+from deviceplugin.model.log import log_event
+from deviceplugin.node.health import HealthChange
+from deviceplugin.node.hostscan import scan_host
+from deviceplugin.ops.drametrics import DraMetrics
+from deviceplugin.ops.drastatus import DraStatus, Pool
+from deviceplugin.runtime.background import spawn
+from deviceplugin.runtime.engine import (
+    STOP_GRACE_SECONDS,
+    NodeEngine,
+)
+from deviceplugin.runtime.options import DraServeOptions
+
+logger = logging.getLogger(__name__)
+
+BOOT_ID_ENV = "DP_BOOT_ID_FILE"  # where this boot's ID is read; tests point it at a file
+
+
+class DraDriver:
+    """One running DRA driver over the node engine: `start()`, then `stop()` (also after a
+    failed start)."""
+
+    def __init__(self, settings: DraServeOptions, metrics: DraMetrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or DraMetrics()
+        self.engine = NodeEngine(settings, self.metrics)
+        self.node = settings.node_name or socket.gethostname()
+        directory = plugin_dir(settings.kubelet_root, settings.driver_name)
+        self.dra_socket = directory / DRA_SOCKET_NAME
+        self.registration = RegistrationServer(
+            settings.driver_name,
+            self.dra_socket,
+            registration_socket(settings.kubelet_root, settings.driver_name),
+            on_status=self._registration_status,
+        )
+        self.health = HealthReporter(self.node)
+        self.dra: DraServer | None = None
+        self.publisher: SlicePublisher | None = None
+        self.preparer: Preparer | None = None
+        self._config: Config | None = None
+        self._api: KubeApi | None = None
+        self._plugin_watcher = False  # the kubelet's plugins_registry/ was there at start
+        self._started = False
+        self._idle = False  # no NVML, failOnInitError false
+        self._device_plugins_dir = settings.kubelet_root / "device-plugins"
+        self._device_plugins: tuple[str, ...] = ()  # live NVIDIA device-plugin sockets
+        # with --config-dir: what the node's config selection reports in /status
+        self.selection_view: Callable[[], Mapping[str, Any]] | None = None
+
+    @property
+    def inventory(self) -> Inventory | None:
+        return self.engine.inventory
+
+    @property
+    def config(self) -> Config:
+        return self._config or Config()
+
+    def use_config_file(self, path: str) -> None:
+        """Read the config from `path` from now on (the node's named config)."""
+        self.engine.config_file.path = path
+
+    async def start(self) -> None:
+        """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
+        settings, engine = self.settings, self.engine
+        failpoints = Failpoints.from_env(settings.env)
+        self._plugin_watcher = self.registration.socket.parent.is_dir()
+        parsed, text = await engine.open_config()
+        engine.config_file.adopt(parsed, text, reloaded=False)
+        config = self._config = parsed.config
+        if not engine.open_nvml(
+            config, "failOnInitError is false: publishing nothing, not registering"
+        ):
+            self._started = self._idle = True
+            return
+        inventory = await engine.discover_first()
+        api = self._api = await connect(kubeconfig=settings.kubeconfig)
+        self.publisher = SlicePublisher(
+            api,
+            self.node,
+            settings.driver_name,
+            taint=settings.unhealthy_taint,
+            observer=self.metrics,
+        )
+        plugins_dir = self._device_plugins_dir
+        self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
+        self._report_device_plugins()
+        # An API error is retried.
+        await self.publisher.publish(self._publishable(inventory), engine.unhealthy)
+        devices = await self._node_devices()
+        boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
+        checkpoint = Checkpoint(
+            self.dra_socket.parent / FILE_NAME, await asyncio.to_thread(read_boot_id, boot_file)
+        )
+        self.preparer = Preparer(
+            api,
+            checkpoint,
+            settings.cdi_spec_dir,
+            settings.driver_name,
+            self.node,
+            devices,
+            failpoints,
+        )
+        await self.preparer.load()
+        await self._report_health()
+        self.dra = DraServer(self.preparer, self.dra_socket, self.health, observer=self.metrics)
+        await self.dra.start()
+        await self.registration.start()
+        engine.start_health(self._health_changed)
+        self._started = True
+        log_event(
+            logger,
+            "dra.started",
+            driver=settings.driver_name,
+            node=self.node,
+            devices=len(devices.by_name),
+            socket=str(self.dra_socket),
+        )
+
+    async def stop(self) -> None:
+        """Deregister, stop serving (sockets removed), close the client, shut NVML down."""
+
+        async def stop_serving() -> None:
+            await self.registration.stop(STOP_GRACE_SECONDS)
+            if self.dra is not None:
+                await self.dra.stop(STOP_GRACE_SECONDS)
+            if self.publisher is not None:
+                await self.publisher.close()
+
+        await self.engine.shutdown(stop_serving)
+        log_event(logger, "dra.stopped", driver=self.settings.driver_name)
+
+    # --- triggers: each a change on the engine's serialized path ---------------------------------
+
+    async def check_node(self) -> None:
+        """The checks every few seconds: our sockets, and whether a device plugin serves here."""
+        await self.heal_sockets()
+        await self.check_device_plugins()
+
+    async def heal_sockets(self) -> None:
+        """Serve again on a socket deleted or replaced under the running driver (a kubelet
+        restart that cleaned its directories, an operator): without the registration socket the
+        plugin watcher never registers the driver again, without the DRA socket no claim
+        prepares."""
+        await self.engine.change(self._heal_sockets, None)
+
+    async def rediscover(self) -> bool:
+        """Read the node again; on a change (MIG re-cut, a GPU gone) republish and let Prepare
+        map to the new devices. A GPU marked unhealthy that stopped answering stays listed as
+        unhealthy, as in `serve`. True when something changed."""
+        return await self.engine.change(self._rediscover, False)
+
+    async def check_device_plugins(self) -> None:
+        """Stand aside while a device plugin serves NVIDIA GPUs on this node, and publish again
+        once it is gone (dra/coexistence.py)."""
+        await self.engine.change(self._check_device_plugins, None)
+
+    async def reload(self, trigger: str, force: bool = False) -> bool:
+        """Read the config file again: it changed, or SIGHUP `force`s it. A valid one is adopted:
+        claims prepared from now on get its CDI options (driver and dev root), the node is
+        rediscovered, and the slices are listed afresh and republished. An invalid one is
+        refused (`config.rejected`, error level, naming the field) and the last good config
+        stays. True when adopted."""
+        return await self.engine.change(lambda: self._reload(trigger, force), False)
+
+    # --- the changes ------------------------------------------------------------------------------
+
+    async def _health_changed(self, change: HealthChange) -> None:
+        """Report one health transition the engine recorded and republish."""
+        log_event(
+            logger,
+            "device.recovered" if change.healthy else "device.unhealthy",
+            logging.INFO if change.healthy else logging.WARNING,
+            uuid=change.uuid,
+            xid=change.xid,
+            reason=change.reason,
+        )
+        await self._report_health()
+        await self._publish()
+
+    async def _heal_sockets(self) -> None:
+        if self.dra is None:  # never started (no NVML with failOnInitError false)
+            return
+        for name, server in (("dra", self.dra), ("registration", self.registration)):
+            if server.owns_socket:
+                continue
+            log_event(
+                logger,
+                "dra.socket.recreated",
+                logging.WARNING,
+                server=name,
+                socket=str(server.socket),
+            )
+            await server.stop(0)
+            await server.start()
+
+    async def _rediscover(self) -> bool:
+        engine = self.engine
+        if engine.nvml is None or self._config is None or self.preparer is None:
+            return False
+        inventory = await engine.discover()
+        if inventory is None or inventory == engine.inventory:
+            return False
+        engine.adopt_inventory(inventory)
+        self.preparer.use(await self._node_devices())
+        await self._report_health()
+        log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
+        await self._publish()
+        return True
+
+    async def _check_device_plugins(self) -> None:
+        if self.publisher is None or self.engine.inventory is None:
+            return
+        found = await asyncio.to_thread(live_device_plugins, self._device_plugins_dir)
+        if found == self._device_plugins:
+            return
+        self._device_plugins = found
+        self._report_device_plugins()
+        await self._publish()
+
+    async def _reload(self, trigger: str, force: bool) -> bool:
+        if not self._started:
+            return False
+        reloaded = await self.engine.reloaded_config(trigger, force)
+        if reloaded is None:
+            return False
+        parsed, text = reloaded
+        self._config = parsed.config
+        # Not idle: Prepare maps to the devices with the new CDI options (rediscover did it
+        # already when the node changed).
+        if self.preparer is not None and not await self._rediscover():
+            self.preparer.use(await self._node_devices())
+        self.engine.config_file.adopt(parsed, text)  # in force: logged and counted as applied
+        if self.publisher is not None:
+            await self.publisher.refresh()
+        return True
+
+    async def _refresh(self) -> None:
+        """List the slices afresh and repair them (after each successful registration)."""
+        if self.publisher is not None:
+            await self.publisher.refresh()
+
+    def status(self) -> DraStatus:
+        """The driver's state now, for /readyz, /status and the gauges of /metrics."""
+        pool = None
+        if self.publisher is not None and (written := self.publisher.written) is not None:
+            pool = Pool(self.publisher.generation, *written)
+        return DraStatus(
+            driver=self.settings.driver_name,
+            node=self.node,
+            started=self._started,
+            idle=self._idle,
+            plugin_watcher=self._plugin_watcher,
+            registered=self.registration.registered,
+            serving=self.dra is not None and self.dra.owns_socket and self.registration.owns_socket,
+            pool=pool,
+            api_error=self._api.unreachable if self._api is not None else None,
+            prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
+            unhealthy=dict(self.engine.unhealthy),
+            config_source=self.engine.config_file.path,
+            last_config_error=self.engine.config_file.last_error,
+            last_config_error_field=self.engine.config_file.last_error_field,
+            device_plugin_conflict=self._conflict(),
+            config_selection=self.selection_view() if self.selection_view else None,
+        )
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _publishable(self, inventory: Inventory) -> Inventory:
+        """`inventory`, or no GPU at all while a device plugin owns this node's GPUs."""
+        return replace(inventory, gpus=(), links={}) if self._device_plugins else inventory
+
+    def _conflict(self) -> str | None:
+        if not self._device_plugins:
+            return None
+        return conflict_message(self._device_plugins, self._device_plugins_dir)
+
+    def _report_device_plugins(self) -> None:
+        if self._device_plugins:
+            log_event(
+                logger,
+                "dra.device_plugin.conflict",
+                logging.ERROR,
+                sockets=list(self._device_plugins),
+                error=self._conflict(),
+            )
+        elif self._started:
+            log_event(logger, "dra.device_plugin.gone", hint="publishing this node's devices")
+
+    async def _node_devices(self) -> NodeDevices:
+        """The published devices with the host facts a claim's CDI spec needs, read now."""
+        inventory = self.engine.inventory
+        assert inventory is not None and self._config is not None
+        options = CdiOptions.from_config(self._config)
+        scan = await asyncio.to_thread(
+            scan_host,
+            inventory.driver_version,
+            options.driver_root,
+            options.dev_root,
+            self.engine.proc_root,
+        )
+        return NodeDevices.build(inventory, scan, options)
+
+    async def _report_health(self) -> None:
+        """The kubelet's health streams (`devicehealth.py`) get the devices' health now."""
+        if self.preparer is not None:
+            states = device_states(self.preparer.devices.by_name, self.engine.unhealthy)
+            await self.health.update(states)
+
+    async def _publish(self) -> None:
+        """The slices written again from the inventory and health now."""
+        inventory = self.engine.inventory
+        if self.publisher is not None and inventory is not None:
+            await self.publisher.publish(self._publishable(inventory), self.engine.unhealthy)
+
+    def _registration_status(self, registered: bool, error: str) -> None:
+        if registered and self.publisher is not None:
+            spawn(self.engine.change(self._refresh, None), "dra registration")

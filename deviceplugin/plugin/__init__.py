@@ -1,0 +1,6 @@
+"""The device-plugin daemon (`serve`): a composition over the node engine that runs a
+kubelet v1beta1 server per resource; also `inspect`, `cdi-spec`'s spec and `demo`.
+
+May import `model`, `node`, `kubelet`, `ops`, `runtime`, `sim` and `plugin`: never the DRA
+driver, `explain` or the root.
+"""

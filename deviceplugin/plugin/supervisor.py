@@ -1,0 +1,316 @@
+"""The composition root: owns the running state and reconciles it with the desired state.
+
+Desired state = resources.build_plan(inventory, config) with health applied. Every trigger —
+start, config change, SIGHUP, health event, MIG re-cut, kubelet restart — recomputes it and
+goes through one reconcile step: unchanged servers are left alone, changed ones push a new
+list on their live stream, removed ones stop (socket removed), new ones start and register.
+Only a kubelet restart re-registers everything. All state lives on one asyncio loop; worker
+threads (NVML event wait, file watchers) hand work to it with call_soon_threadsafe.
+
+The config file is untrusted input: it is read, parsed and planned from off the loop, each step
+with a time limit (`offloop.OffLoop`), so a FIFO, a huge file or a stuck file system never stops
+Allocate, `/healthz` or SIGTERM. A file refused at a reload leaves the last good config in force
+and is reported where operators look: `/status`, `deviceplugin_config_last_reload_successful`
+and a `config.rejected` line at error level naming the file and the field. `configfile` does that
+part, for `dra serve` too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from deviceplugin.kubelet.registrar import Registrar
+from deviceplugin.kubelet.responder import NodeAllocator
+from deviceplugin.kubelet.server import PluginServer
+from deviceplugin.model.allocation import AllocateOptions
+from deviceplugin.model.config import Config, ParsedConfig
+from deviceplugin.model.devices import Inventory
+from deviceplugin.model.errors import ConfigError, DiscoveryError, NvmlError
+from deviceplugin.model.log import log_event
+from deviceplugin.model.resources import Plan, ResourceSet, apply_health, build_plan
+from deviceplugin.node.health import HealthChange
+from deviceplugin.node.hostdevices import HostDevices
+from deviceplugin.ops.metrics import Metrics
+from deviceplugin.plugin.cdispec import CdiSpecKeeper
+from deviceplugin.runtime.engine import STOP_GRACE_SECONDS, NodeEngine
+from deviceplugin.runtime.options import ServeOptions
+
+if TYPE_CHECKING:
+    from deviceplugin.ops.status import Status
+
+logger = logging.getLogger(__name__)
+
+
+class Supervisor:
+    """Runs the plugin over the node engine: servers per resource, registration, reloads."""
+
+    def __init__(self, settings: ServeOptions, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.engine = NodeEngine(settings, self.metrics)
+        self._parsed: ParsedConfig | None = None
+        self._planned: dict[str, ResourceSet] = {}
+        self._servers: dict[str, PluginServer] = {}
+        self._socket_names: frozenset[str] = frozenset()  # read by watcher threads
+        self._registrar = Registrar(settings.kubelet_dir, self.metrics)
+        self._allocator = NodeAllocator(Config())  # configured by every adopted config
+        self._cdi = CdiSpecKeeper(settings.cdi_spec_dir, self.engine.proc_root)
+        self._stopped = asyncio.Event()
+        self._started = False
+        # with --config-dir: what the node's config selection reports in /status
+        self.selection_view: Callable[[], Mapping[str, Any]] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load config, discover, serve and register. Raises ConfigError / DiscoveryError /
+        NvmlError for start-up failures that `__main__` turns into exit codes."""
+        engine = self.engine
+        parsed, text = await engine.open_config()
+        if engine.host is not None:  # Allocate and the CDI spec read the simulated host's files
+            self._allocator = NodeAllocator(Config(), host=HostDevices(engine.proc_root))
+            self._cdi = CdiSpecKeeper(self.settings.cdi_spec_dir, engine.proc_root)
+        self._adopt_config(parsed, text, AllocateOptions.from_config(parsed.config), False)
+        config = parsed.config
+        self._prepare_kubelet_dir()
+        if not engine.open_nvml(
+            config, "failOnInitError is false: advertising nothing, watching config"
+        ):
+            self._cdi.sync(None, config)
+            self._started = True
+            return
+        inventory = await engine.discover_first()
+        self._adopt_inventory(inventory, await self._plan(inventory, config))
+
+        async def first() -> None:
+            self._cdi.sync(engine.inventory, config)  # every CDI name defined before registering
+            await self._reconcile()
+
+        await engine.change(first, None)
+        engine.start_health(self._health_changed)
+        self._started = True
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def request_stop(self) -> None:
+        self.engine.stopping = True
+        self._stopped.set()
+
+    async def shutdown(self) -> None:
+        """Stop health monitoring and every server (sockets removed), then NVML."""
+
+        async def stop_servers() -> None:
+            self._registrar.forget_all()
+            await asyncio.gather(*(s.stop(STOP_GRACE_SECONDS) for s in self._servers.values()))
+            self._servers.clear()
+
+        await self.engine.shutdown(stop_servers)
+        log_event(logger, "plugin.stopped")
+
+    def status(self) -> Status:
+        from deviceplugin.ops.status import Status  # read by /readyz, /status and inspect only
+
+        engine = self.engine
+        return Status(
+            resources=self.resources,
+            registered=self._registrar.registered,
+            health_monitor_alive=engine.monitor_alive,
+            nvml_available=engine.nvml is not None,
+            kubelet_restarting=self._registrar.restarting,
+            config_source=engine.config_file.path,
+            last_config_error=engine.config_file.last_error,
+            last_config_error_field=engine.config_file.last_error_field,
+            started=self._started,
+            cdi_spec_error=self._cdi.error,
+            config_selection=self.selection_view() if self.selection_view else None,
+        )
+
+    @property
+    def resources(self) -> dict[str, ResourceSet]:
+        """What each running server advertises, by resource name."""
+        return {name: server.resource for name, server in self._servers.items()}
+
+    @property
+    def config(self) -> Config:
+        return self._parsed.config if self._parsed else Config()
+
+    @property
+    def inventory(self) -> Inventory | None:
+        """The node's devices as last discovered; None before discovery or without NVML."""
+        return self.engine.inventory
+
+    def use_config_file(self, path: str) -> None:
+        """Read the config from `path` from now on (the node's named config): the next reload
+        applies it, or refuses it and keeps the config in force."""
+        self.engine.config_file.path = path
+
+    # --- triggers: each a change on the engine's serialized path ---------------------------------
+
+    async def reload(self, trigger: str, force: bool = False) -> bool:
+        """Re-read the config and rediscover; apply only a valid result. True when applied."""
+        return await self.engine.change(lambda: self._reload(trigger, force), False)
+
+    async def rediscover(self) -> bool:
+        """Re-read the inventory (a MIG re-cut, a GPU gone); reconcile if it changed."""
+        return await self.engine.change(self._rediscover, False)
+
+    async def retry_cdi_spec(self) -> bool:
+        """Try again to write the CDI spec whose last write failed; True when it is in place."""
+        if self._cdi.error is None:  # the common case: no change queued every few seconds
+            return True
+
+        async def retry() -> bool:
+            if self._cdi.error is None:
+                return True
+            return self._cdi.sync(self.engine.inventory, self.config)
+
+        return await self.engine.change(retry, self._cdi.error is None)
+
+    async def kubelet_restarted(self, trigger: str) -> None:
+        """Serve again where our sockets are gone and register everything again."""
+        await self.engine.change(lambda: self._registrar.reregister(self._servers, trigger), None)
+
+    async def check_kubelet(self, trigger: str) -> None:
+        """Re-register when kubelet.sock is a new file or one of our sockets has gone."""
+
+        async def check() -> None:
+            reason = self._registrar.restart_needed(self._servers)
+            if reason is not None:
+                await self._registrar.reregister(self._servers, f"{trigger}: {reason}")
+
+        await self.engine.change(check, None)
+
+    def our_sockets(self) -> frozenset[str]:
+        """File names of our sockets; safe to call from a watcher thread."""
+        return self._socket_names
+
+    # --- the changes ------------------------------------------------------------------------------
+
+    async def _reload(self, trigger: str, force: bool) -> bool:
+        config_file = self.engine.config_file
+        reloaded = await self.engine.reloaded_config(trigger, force)
+        if reloaded is None:
+            return False
+        parsed, text = reloaded
+        try:
+            options = AllocateOptions.from_config(parsed.config)  # unusable ones are refused
+            inventory = await self.engine.discover()
+            plan = await self._plan(inventory, parsed.config) if inventory else None
+        except (ConfigError, DiscoveryError, NvmlError) as exc:
+            config_file.reject(trigger, exc, text)
+            return False
+        if inventory is not None and plan is not None:
+            self._adopt_inventory(inventory, plan)
+        self._adopt_config(parsed, text, options)
+        self._cdi.sync(self.engine.inventory, parsed.config)
+        await self._reconcile()
+        return True
+
+    async def _rediscover(self) -> bool:
+        try:
+            inventory = await self.engine.discover()
+            if inventory is None or inventory == self.engine.inventory:
+                return False
+            plan = await self._plan(inventory, self.config)
+        except (ConfigError, DiscoveryError, NvmlError) as exc:
+            log_event(logger, "inventory.rejected", logging.WARNING, error=str(exc))
+            return False
+        log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
+        self._adopt_inventory(inventory, plan)
+        self._cdi.sync(self.engine.inventory, self.config)
+        await self._reconcile()
+        return True
+
+    async def _health_changed(self, change: HealthChange) -> None:
+        """Advertise one health transition the engine recorded."""
+        ids = [
+            device.id
+            for resource in self._planned.values()
+            for device in resource.devices
+            if change.uuid in (device.physical_uuid, device.gpu_uuid)
+        ]
+        event = "device.recovered" if change.healthy else "device.unhealthy"
+        level = logging.INFO if change.healthy else logging.WARNING
+        log_event(
+            logger,
+            event,
+            level,
+            uuid=change.uuid,
+            xid=change.xid,
+            reason=change.reason,
+            ids=ids,
+        )
+        await self._reconcile()
+
+    # --- internals ------------------------------------------------------------------------------
+
+    async def _plan(self, inventory: Inventory, config: Config) -> Plan:
+        """The resources `config` makes of `inventory`: a config of thousands of rules takes
+        seconds to apply, so it is applied off the loop too."""
+        return await self.engine.config_file.step(
+            lambda: build_plan(inventory, config), "planning from"
+        )
+
+    def _adopt_config(
+        self,
+        parsed: ParsedConfig,
+        text: str | None,
+        options: AllocateOptions,
+        reloaded: bool = True,
+    ) -> None:
+        self._parsed = parsed
+        self._allocator.configure(
+            options, parsed.config.flags.plugin.shared_devices_allocation_policy
+        )
+        self.engine.config_file.adopt(parsed, text, reloaded)
+
+    def _adopt_inventory(self, inventory: Inventory, plan: Plan) -> None:
+        """Make a new inventory, and the resources planned from it, the desired state."""
+        self.engine.adopt_inventory(inventory)
+        self._planned = dict(plan.resources)
+        self._allocator.use_inventory(inventory)
+        for warning in plan.warnings:
+            log_event(logger, "resources.skipped", logging.WARNING, detail=warning)
+
+    def _prepare_kubelet_dir(self) -> None:
+        directory = self.settings.kubelet_dir
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError("--kubelet-dir", f"cannot use {directory}: {exc.strerror}") from None
+
+    async def _reconcile(self) -> None:
+        """Diff the desired resource sets against the running servers and apply the difference."""
+        desired = apply_health(self._planned, self.engine.unhealthy)
+        for name in [n for n in self._servers if n not in desired]:
+            removed = self._servers.pop(name)
+            self._registrar.forget(name)
+            await removed.stop(STOP_GRACE_SECONDS)
+            log_event(logger, "plugin.removed", resource=name, socket=removed.socket_path.name)
+        for name, resource in desired.items():
+            running = self._servers.get(name)
+            if running is not None:
+                if await running.update(resource):
+                    log_event(
+                        logger,
+                        "plugin.updated",
+                        resource=name,
+                        devices=len(resource.devices),
+                        healthy=resource.healthy_count,
+                    )
+                continue
+            server = PluginServer(
+                resource,
+                self.settings.kubelet_dir,
+                self._allocator,
+                observer=self.metrics,
+            )
+            await server.start()
+            self._servers[name] = server
+            self._registrar.register(server)
+        self._socket_names = frozenset(s.socket_path.name for s in self._servers.values())
+        self.metrics.set_resources(desired)

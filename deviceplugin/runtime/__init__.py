@@ -1,0 +1,5 @@
+"""What both daemons share: the node engine (NVML, discovery, health, the simulated host,
+shutdown, one serialized path for state changes).
+
+May import `model`, `node`, `ops` and `runtime`: never a daemon (`plugin`, `dra`) or the root.
+"""

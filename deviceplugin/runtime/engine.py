@@ -1,0 +1,259 @@
+"""The node engine: what the device plugin and the DRA driver both run on, written once.
+
+It owns NVML (opened with the config's driver root; `failOnInitError` decides between raising
+and idling), discovery and rediscovery (a GPU marked unhealthy that stops answering stays in
+the inventory, so it stays listed as unhealthy instead of vanishing), the health monitor and the
+map of unhealthy devices it feeds, the simulated host of `--simulate`, the config file, and
+shutdown. A daemon composes over it: it reads the engine's inventory, config and health, and
+turns them into what it serves (the device plugin's servers, the DRA driver's slices and
+Prepare).
+
+Every state change of a daemon goes through one serialized path, `change`: a reload, a
+rediscovery, a health change and the periodic checks each run to their end before the next
+begins, so no change acts on state another has replaced while it waited (a rediscovery that
+was scanning the host when a reload was adopted cannot hand Prepare or ListAndWatch devices
+built from the previous config). Nothing runs there once shutdown has begun.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from deviceplugin.model.config import Config, ParsedConfig, load_config_text
+from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
+from deviceplugin.model.errors import ConfigError, DevicePluginError, NvmlError
+from deviceplugin.model.log import log_event
+from deviceplugin.node.discovery import discover
+from deviceplugin.node.health import (
+    HealthChange,
+    HealthMonitor,
+    HealthPolicy,
+    parse_duration,
+    record_change,
+)
+from deviceplugin.node.nvml import Nvml
+from deviceplugin.node.xidcatalog import policy_from_env
+from deviceplugin.ops.metrics import SharedMetrics
+from deviceplugin.runtime.background import spawn
+from deviceplugin.runtime.configfile import ConfigFile
+from deviceplugin.runtime.host import (
+    Overrides,
+    SimulatedHost,
+    open_host_config,
+    open_nvml,
+    proc_root,
+)
+from deviceplugin.runtime.options import EngineOptions
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_SECONDS = 1.0  # how long a stopping gRPC server lets calls in flight finish
+SOCKET_CHECK_SECONDS = 5.0  # the cheap periodic checks (sockets, CDI spec, device plugins)
+REDISCOVER_SECONDS = 60.0  # how often the node is read again (a MIG re-cut, a GPU gone)
+SHUTDOWN_WAIT_SECONDS = 10.0  # how long shutdown waits for the change in flight to end
+
+T = TypeVar("T")
+
+
+class NodeEngine:
+    """The node as both daemons see it; one per running daemon."""
+
+    def __init__(self, options: EngineOptions, metrics: SharedMetrics) -> None:
+        self.options = options
+        self.metrics = metrics
+        self.config_file = ConfigFile(options.config_file, metrics)
+        self.nvml: Nvml | None = None
+        self.inventory: Inventory | None = None  # as last discovered; None without NVML
+        self.unhealthy: dict[str, str] = {}  # device UUID -> why it is unhealthy
+        self.host: SimulatedHost | None = None  # the simulated node's host files
+        self.stopping = False
+        self._overrides: Overrides = options.overrides
+        self._monitor: HealthMonitor | None = None
+        self._policy = HealthPolicy()
+        self._recovery_after: float | None = None
+        self._lock = asyncio.Lock()
+
+    # --- start-up -------------------------------------------------------------------------------
+
+    async def open_config(self) -> tuple[ParsedConfig, str | None]:
+        """The config in force at start-up and the file's text: the health settings checked,
+        the file read and parsed off the loop, and under `--simulate` the simulated node's host
+        files opened (reloads then keep pointing at them). Raises ConfigError."""
+        options = self.options
+        self._policy = policy_from_env(options.env)
+        self._recovery_after = parse_duration(options.health_recovery_after)
+        text = await self.config_file.read()
+        source = self.config_file.path
+        parsed, self.host, self._overrides = await self.config_file.step(
+            lambda: open_host_config(
+                options.simulate,
+                options.overrides,
+                lambda overrides: load_config_text(text, source, overrides, options.env),
+            ),
+            "parsing",
+        )
+        return parsed, text
+
+    def open_nvml(self, config: Config, idle_hint: str) -> bool:
+        """Open and initialise NVML; False (logged with `idle_hint`) when it is unavailable and
+        `failOnInitError` is false. Raises NvmlError when it is true."""
+        try:
+            nvml = open_nvml(
+                self.options.simulate,
+                self.options.simulate_events,
+                config.flags.nvidia_driver_root,
+            )
+            nvml.init()
+        except NvmlError as exc:
+            if config.flags.fail_on_init_error:
+                raise
+            log_event(
+                logger,
+                "nvml.unavailable",
+                logging.WARNING,
+                error=str(exc),
+                hint=idle_hint,
+            )
+            return False
+        self.nvml = nvml
+        return True
+
+    async def discover_first(self) -> Inventory:
+        """The node's first inventory, now the engine's."""
+        assert self.nvml is not None
+        inventory = await asyncio.to_thread(discover, self.nvml)
+        self.metrics.set_driver_version(inventory.driver_version)
+        self.inventory = inventory
+        return inventory
+
+    def start_health(self, apply: Callable[[HealthChange], Awaitable[None]]) -> None:
+        """Watch the inventory's devices; each transition that changes the unhealthy map is
+        handed to `apply` on the serialized path."""
+        if self.nvml is None or self.inventory is None:
+            return
+        loop = asyncio.get_running_loop()
+
+        def report(change: HealthChange) -> None:
+            loop.call_soon_threadsafe(spawn, self._health_changed(change, apply), "health change")
+
+        self._monitor = HealthMonitor(
+            self.nvml,
+            self.inventory,
+            self._policy,
+            report,
+            self._recovery_after,
+            observer=self.metrics,
+        )
+        self._monitor.start()
+
+    # --- the serialized path --------------------------------------------------------------------
+
+    async def change(self, apply: Callable[[], Awaitable[T]], stopped: T) -> T:
+        """`apply()` alone on the state: after every change begun before it, before any begun
+        after it. `stopped` instead once shutdown has begun."""
+        async with self._lock:
+            if self.stopping:
+                return stopped
+            return await apply()
+
+    async def _health_changed(
+        self, change: HealthChange, apply: Callable[[HealthChange], Awaitable[None]]
+    ) -> None:
+        async def step() -> None:
+            if record_change(self.unhealthy, change):
+                await apply(change)
+
+        await self.change(step, None)
+
+    # --- on the serialized path -----------------------------------------------------------------
+
+    async def parse(self, text: str | None) -> ParsedConfig:
+        """The config file's `text` (None: no file, the defaults) with the flags' overrides and
+        the environment applied, parsed off the loop. Raises ConfigError."""
+        source, overrides, env = self.config_file.path, self._overrides, self.options.env
+        return await self.config_file.step(
+            lambda: load_config_text(text, source, overrides, env), "parsing"
+        )
+
+    async def reloaded_config(
+        self, trigger: str, force: bool
+    ) -> tuple[ParsedConfig, str | None] | None:
+        """The config file's content parsed, with its text, when a reload must judge it; None
+        when there is nothing to judge, or the content is refused (logged and counted here).
+        The caller adopts it (`config_file.adopt`) or refuses it for its own reasons."""
+        content = await self.config_file.changed(trigger, force)
+        if content is None:
+            return None
+        try:
+            return await self.parse(content.text), content.text
+        except ConfigError as exc:
+            self.config_file.reject(trigger, exc, content.text)
+            return None
+
+    async def discover(self) -> Inventory | None:
+        """The node read again off the loop (NVML calls block); None without NVML. A GPU that
+        was marked unhealthy and no longer answers stays, so it stays listed as unhealthy."""
+        if self.nvml is None:
+            return None
+        found = await asyncio.to_thread(discover, self.nvml)
+        return keep_unhealthy_gpus(self.inventory, found, self.unhealthy)
+
+    def adopt_inventory(self, inventory: Inventory) -> None:
+        """`inventory` is the node now; the health monitor watches its devices."""
+        self.inventory = inventory
+        if self._monitor is not None:
+            self._monitor.update_inventory(inventory)
+
+    # --- what operators see ---------------------------------------------------------------------
+
+    @property
+    def proc_root(self) -> str:
+        """Where the kernel module's files are read: the simulated host's, or the real /proc."""
+        return proc_root(self.host)
+
+    @property
+    def monitor_alive(self) -> bool:
+        return self._monitor is not None and self._monitor.alive
+
+    # --- shutdown -------------------------------------------------------------------------------
+
+    async def shutdown(self, stop: Callable[[], Awaitable[None]]) -> None:
+        """Stop health monitoring, then `stop` the daemon's servers once the change in flight
+        has ended (no change runs after; one still running after SHUTDOWN_WAIT_SECONDS is not
+        waited for), then shut NVML down and remove a temporary simulated host. Also after a
+        failed start."""
+        if self._monitor is not None:
+            await asyncio.to_thread(self._monitor.stop)
+        self.stopping = True
+        ended = await self._changes_ended()
+        try:
+            await stop()
+        finally:
+            if ended:
+                self._lock.release()
+        if self.nvml is not None:
+            with contextlib.suppress(DevicePluginError):
+                self.nvml.shutdown()
+        if self.host is not None:  # CDI specs stay: running containers are defined by them
+            self.host.close()
+
+    async def _changes_ended(self) -> bool:
+        """Hold the serialized path once the change in flight has ended: True. False when it
+        is still running after SHUTDOWN_WAIT_SECONDS (a reload or health change stuck on an
+        API server that does not answer must not hold SIGTERM up)."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), SHUTDOWN_WAIT_SECONDS)
+        except TimeoutError:
+            log_event(
+                logger,
+                "shutdown.change_pending",
+                logging.WARNING,
+                waited_seconds=SHUTDOWN_WAIT_SECONDS,
+                hint="stopping while a reload, rediscovery or health change is still running",
+            )
+            return False
+        return True

@@ -1,0 +1,103 @@
+"""The run loop both daemons share: a daemon started, kept reacting, and stopped again.
+
+In this order: the HTTP endpoints listen first (so /healthz answers and /readyz says "starting"
+while the node is read), the own Node is followed when asked (`--config-dir`, `--gpu-labels`),
+the daemon starts, its config file (or the named config its Node's label chooses) is watched,
+and the periodic checks run: a cheap one every SOCKET_CHECK_SECONDS, a rediscovery every
+REDISCOVER_SECONDS. Whatever was started is stopped again in reverse order, however this ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from deviceplugin.runtime import engine
+from deviceplugin.runtime.background import periodically
+from deviceplugin.runtime.options import DaemonOptions
+from deviceplugin.runtime.watch import Watchers
+
+if TYPE_CHECKING:  # the own Node's follower is loaded only where a daemon follows its Node
+    from deviceplugin.runtime.nodeagent import Follower
+
+    class Daemon(Follower, Protocol):
+        """What the run loop drives: the device plugin's supervisor or the DRA driver."""
+
+        async def start(self) -> None: ...
+
+        async def rediscover(self) -> bool: ...
+
+
+class Endpoints(Protocol):
+    """An HTTP server a daemon is operated through."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+async def run_daemon(
+    daemon: Daemon,
+    options: DaemonOptions,
+    *,
+    until: Callable[[], Awaitable[object]],
+    shutdown: Callable[[], Awaitable[None]],
+    often: Callable[[], Awaitable[object]],
+    failed_event: str,
+    http: Endpoints | None = None,
+    follows_node: bool = False,
+    watch: Callable[[Watchers, asyncio.AbstractEventLoop], None] | None = None,
+    started: Callable[[], None] | None = None,
+) -> None:
+    """Run `daemon` until `until()` returns; `shutdown` stops it. `often` is the cheap periodic
+    check (its failures logged as `failed_event`), `watch` adds the daemon's own watches and
+    `started` is told once everything runs."""
+    loop = asyncio.get_running_loop()
+    async with contextlib.AsyncExitStack() as running:
+        if http is not None:
+            await http.start()
+            running.push_async_callback(http.stop)
+        running.push_async_callback(shutdown)
+        node = None
+        if follows_node:  # only then: the API client is imported by no other daemon
+            from deviceplugin.runtime.nodeagent import NodeAgent
+
+            node = NodeAgent(options.node_options, daemon)
+            running.push_async_callback(node.stop)
+            await node.start()
+        await daemon.start()
+        if node is not None:
+            node.serving()
+        watchers = Watchers()
+        running.push_async_callback(asyncio.to_thread, watchers.stop)
+        if node is not None and options.config_dir:
+            watchers.watch_config(loop, node.config_path, node.config_changed)
+        elif options.config_file:
+            watchers.watch_config(
+                loop, Path(options.config_file), lambda: daemon.reload("config file changed")
+            )
+        if watch is not None:
+            watch(watchers, loop)
+        watchers.start()
+        checks = loop.create_task(
+            periodically(
+                often,
+                daemon.rediscover,
+                engine.SOCKET_CHECK_SECONDS,
+                engine.REDISCOVER_SECONDS,
+                failed_event,
+            )
+        )
+        running.push_async_callback(_cancel, checks)
+        if started is not None:
+            started()
+        await until()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
