@@ -9,9 +9,13 @@ return, then a watch event), never from the plugin's reports:
    `deviceplugin dra serve` processes that publish only (their kubelet root is an empty folder
    no kubelet watches); this bench keeps those nodes Ready with status and Lease heartbeats, as
    kwok does, and nothing runs there. 200 claims of one MIG 1g.10gb device each (the seed's
-   class), each with a pod that holds it: time from the claim's creation to its allocation.
+   class), each with a pod that holds it: time from the claim's creation to its allocation;
+3. the same with NVIDIA's class `mig.nvidia.com`, once on our slices and once on NVIDIA's: its
+   DRA kubelet plugin (e2e/reference) on the real node, copies of its slices for the 19 others.
+   Whether the shape of our slices costs the scheduler anything.
 
-Reports claims/s and p50/p99 of each, the device plugin's figures as the DRA figures' baseline.
+Reports claims/s and p50/p99 of each, the device plugin's figures as the DRA figures' baseline,
+and NVIDIA's slices as the baseline of ours under the same class.
 Needs root and a cluster that is up (`sudo make cluster`); cleans up after itself.
 """
 
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Figure, median, p99, table, write_json
+from e2e.reference import plugins
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "e2e" / "cluster" / "run"
@@ -46,6 +51,9 @@ FAKE_NODES = 19
 HEARTBEAT_SECONDS = 10.0
 PRESET = "a100-80gb-x8-mixed"
 SEED_CLASS = "mig-1g.10gb.nvidia.com"
+ANY_MIG_CLASS = "mig.nvidia.com"  # NVIDIA's class: selects on the attributes both drivers publish
+DRIVER = "gpu.nvidia.com"
+REAL_NODE = "deviceplugin-e2e"
 OVERLAYS = REPO / "manifests" / "overlays"
 WORKLOAD_IMAGE = "localhost/deviceplugin-e2e-busybox:latest"
 
@@ -194,9 +202,12 @@ def device_plugin_phase(api: Api) -> tuple[list[float], float]:
         kubectl("delete", "-k", str(OVERLAYS / "simulated-node"), "--wait=true")
 
 
+Publish = Callable[[Api, list[str], Path], list["subprocess.Popen[bytes]"]]
+
+
 @contextlib.contextmanager
-def fake_nodes(api: Api) -> Iterator[list[str]]:
-    """FAKE_NODES Ready nodes with a publishing `dra serve` each and a heartbeat thread."""
+def fake_nodes(api: Api, publish: Publish) -> Iterator[list[str]]:
+    """FAKE_NODES Ready nodes with a heartbeat thread, whose slices `publish` puts there."""
     names = [f"bench-node-{i:02d}" for i in range(FAKE_NODES)]
     roots = Path(tempfile.mkdtemp(prefix="dp-bench-cluster-"))
     stop = threading.Event()
@@ -215,29 +226,7 @@ def fake_nodes(api: Api) -> Iterator[list[str]]:
         heartbeat(api, names)
         beat = threading.Thread(target=keep_beating, args=(api, names, stop), daemon=True)
         beat.start()
-        for name in names:
-            (roots / name).mkdir()
-            processes.append(
-                subprocess.Popen(
-                    [
-                        str(REPO / ".venv" / "bin" / "deviceplugin"),
-                        "dra",
-                        "serve",
-                        "--simulate",
-                        PRESET,
-                        "--node-name",
-                        name,
-                        "--kubeconfig",
-                        str(RUN / "admin.kubeconfig"),
-                        "--kubelet-root",
-                        str(roots / name),
-                        "--log-format",
-                        "json",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+        processes = publish(api, names, roots)
         yield names
     finally:
         stop.set()
@@ -255,6 +244,61 @@ def fake_nodes(api: Api) -> Iterator[list[str]]:
                 "DELETE", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{name}"
             )
         shutil.rmtree(roots, ignore_errors=True)
+
+
+def our_publishers(api: Api, names: list[str], roots: Path) -> list[subprocess.Popen[bytes]]:
+    """A `deviceplugin dra serve` per node that publishes only (its kubelet root is an empty
+    folder no kubelet watches)."""
+    processes = []
+    for name in names:
+        (roots / name).mkdir()
+        processes.append(
+            subprocess.Popen(
+                [
+                    str(REPO / ".venv" / "bin" / "deviceplugin"),
+                    "dra",
+                    "serve",
+                    "--simulate",
+                    PRESET,
+                    "--node-name",
+                    name,
+                    "--kubeconfig",
+                    str(RUN / "admin.kubeconfig"),
+                    "--kubelet-root",
+                    str(roots / name),
+                    "--log-format",
+                    "json",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    return processes
+
+
+def nvidia_slices_for(real_node_slices: list[Obj]) -> Publish:
+    """Copies of the slices NVIDIA's driver published for the real node, one pool per fake
+    node: the same devices, attributes and capacities, as its driver would publish there."""
+
+    def publish(api: Api, names: list[str], roots: Path) -> list[subprocess.Popen[bytes]]:
+        for name in names:
+            for original in real_node_slices:
+                spec = json.loads(json.dumps(original["spec"]))
+                spec["nodeName"] = name
+                spec["pool"]["name"] = name
+                api.call(
+                    "POST",
+                    "/apis/resource.k8s.io/v1/resourceslices",
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceSlice",
+                        "metadata": {"generateName": f"{name}-{DRIVER}-"},
+                        "spec": spec,
+                    },
+                )
+        return []
+
+    return publish
 
 
 def heartbeat(api: Api, names: list[str]) -> None:
@@ -308,8 +352,43 @@ def slices_published(api: Api, nodes: int) -> bool:
     return len({s["spec"].get("nodeName") for s in found}) >= nodes
 
 
-def dra_phase(api: Api) -> tuple[list[float], float]:
+@contextlib.contextmanager
+def our_driver(api: Api) -> Iterator[Publish]:
+    """Our DRA driver on the real node (the overlay), ours publishing for the fake nodes."""
     kubectl("apply", "-k", str(OVERLAYS / "simulated-node-dra"))
+    try:
+        yield our_publishers
+    finally:
+        kubectl("delete", "-k", str(OVERLAYS / "simulated-node-dra"), "--wait=true")
+
+
+@contextlib.contextmanager
+def nvidia_driver(api: Api) -> Iterator[Publish]:
+    """NVIDIA's DRA kubelet plugin on the real node (e2e/reference), copies of its slices for
+    the fake nodes; NVIDIA's DeviceClasses as our manifests ship them."""
+    kubectl("apply", "-f", str(REPO / "manifests" / "dra" / "deviceclasses.yaml"))
+    binaries = plugins.reference_binaries()
+    plugins.hand_over_dra_checkpoint()
+    log = RUN / "logs" / "nvidia-dra-driver-bench.log"
+    root = Path("/var/lib/deviceplugin-sim/root")
+    with plugins.dra_driver(
+        binaries, root, RUN / "kubeconfig", REAL_NODE, Path("/var/run/cdi"), log
+    ):
+        wait_for("NVIDIA's slices on the real node", lambda: bool(real_node_slices(api)))
+        yield nvidia_slices_for(real_node_slices(api))
+    kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", "--wait=false")
+
+
+def real_node_slices(api: Api) -> list[Obj]:
+    found: list[Obj] = api.call("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]
+    return [s for s in found if s["spec"].get("nodeName") == REAL_NODE]
+
+
+def dra_phase(
+    api: Api,
+    driver: Callable[[Api], contextlib.AbstractContextManager[Publish]],
+    device_class: str,
+) -> tuple[list[float], float]:
     claims = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
     pods = f"/api/v1/namespaces/{NAMESPACE}/pods"
 
@@ -326,7 +405,7 @@ def dra_phase(api: Api) -> tuple[list[float], float]:
                         "requests": [
                             {
                                 "name": "slice",
-                                "exactly": {"deviceClassName": SEED_CLASS, "count": 1},
+                                "exactly": {"deviceClassName": device_class, "count": 1},
                             }
                         ]
                     }
@@ -338,7 +417,7 @@ def dra_phase(api: Api) -> tuple[list[float], float]:
         api.call("POST", pods, manifest)
 
     try:
-        with fake_nodes(api):
+        with driver(api) as publish, fake_nodes(api, publish):
             wait_for("slices of 20 nodes", lambda: slices_published(api, FAKE_NODES + 1))
             return measure(
                 api, claims, lambda obj: bool(obj.get("status", {}).get("allocation")), create
@@ -354,13 +433,16 @@ def dra_phase(api: Api) -> tuple[list[float], float]:
             "--force",
             "--wait=false",
         )
-        kubectl("delete", "resourceclaims", "-n", NAMESPACE, "--all", "--wait=false")
-        kubectl("delete", "-k", str(OVERLAYS / "simulated-node-dra"), "--wait=true")
+        kubectl("delete", "resourceclaims", "-n", NAMESPACE, "--all", "--wait=true")
 
 
-def figures(dra: tuple[list[float], float], plugin: tuple[list[float], float]) -> list[Figure]:
+Phase = tuple[list[float], float]  # each claim's seconds to allocated, and the whole span
+
+
+def figures(dra: Phase, plugin: Phase, ours_any: Phase, nvidia_any: Phase) -> list[Figure]:
     (dra_lat, dra_span), (dp_lat, dp_span) = dra, plugin
     label = "(200 pods, nvidia.com/gpu: 1, device plugin, real node)"
+    shape = f"NVIDIA's slices, same class and nodes ({ANY_MIG_CLASS})"
     return [
         Figure(
             "DRA, 20 nodes: claims allocated per second",
@@ -384,6 +466,21 @@ def figures(dra: tuple[list[float], float], plugin: tuple[list[float], float]) -
             baseline=p99(dp_lat) * 1000,
             baseline_label=f"pod created → bound {label}",
         ),
+        Figure(
+            f"DRA, 20 nodes, our slices, {ANY_MIG_CLASS}: claims allocated per second",
+            COUNT / ours_any[1],
+            "/s",
+            baseline=COUNT / nvidia_any[1],
+            baseline_label=shape,
+        ),
+        Figure(
+            f"DRA, 20 nodes, our slices, {ANY_MIG_CLASS}: claim created → allocated, p50",
+            median(ours_any[0]) * 1000,
+            "ms",
+            baseline=median(nvidia_any[0]) * 1000,
+            baseline_label=shape,
+            samples=ours_any[0],
+        ),
     ]
 
 
@@ -405,8 +502,12 @@ def main() -> int:
     print("bench.cluster: device plugin, 200 pods ...", file=sys.stderr, flush=True)
     plugin = device_plugin_phase(api)
     print("bench.cluster: DRA, 20 nodes, 200 claims ...", file=sys.stderr, flush=True)
-    dra = dra_phase(api)
-    result = figures(dra, plugin)
+    dra = dra_phase(api, our_driver, SEED_CLASS)
+    print(f"bench.cluster: DRA, our slices, {ANY_MIG_CLASS} ...", file=sys.stderr, flush=True)
+    ours_any = dra_phase(api, our_driver, ANY_MIG_CLASS)
+    print("bench.cluster: DRA, NVIDIA's slices ...", file=sys.stderr, flush=True)
+    nvidia_any = dra_phase(api, nvidia_driver, ANY_MIG_CLASS)
+    result = figures(dra, plugin, ours_any, nvidia_any)
     print(table(result))
     write_json(RESULTS, result, {"nodes": FAKE_NODES + 1, "count": COUNT})
     kubectl("delete", "namespace", NAMESPACE, "--wait=false")

@@ -118,6 +118,7 @@ def drivers() -> Iterator[dict[str, Driven]]:
     apply(template("reference-mig", "mig.nvidia.com"))
     driven: dict[str, Driven] = {}
     wait_until("no slices of another driver", _no_slices, timeout=120)
+    plugins.hand_over_dra_checkpoint()
     log = RUN / "logs" / "nvidia-dra-driver.log"
     with plugins.dra_driver(
         binaries, DRIVER_ROOT, KUBECONFIG, NODE_NAME, Path("/var/run/cdi"), log

@@ -13,6 +13,7 @@ takes the driver root, the kubelet directory and the CDI directory as flags.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -229,6 +230,28 @@ def ours(
     argv = [*command, "serve", "--config-file", str(config), "--kubelet-dir", str(kubelet_dir)]
     argv += ["--nvidia-driver-root", str(root), "--cdi-spec-dir", str(cdi_dir), *extra]
     return PluginProcess("ours", argv, plugin_env(), log)
+
+
+DRA_PLUGIN_DIR = Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
+
+
+def hand_over_dra_checkpoint(plugin_dir: Path = DRA_PLUGIN_DIR) -> None:
+    """Both drivers are `gpu.nvidia.com` and keep `checkpoint.json` in the same folder, each in
+    its own format: NVIDIA's refuses to start on ours ("cannot unmarshal string into ...
+    Checkpoint.checksum"). Ours, with no claim prepared, is removed so that NVIDIA's starts
+    clean (docs/compatibility.md, "DRA"); one that still lists claims is an error."""
+    path = plugin_dir / "checkpoint.json"
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return
+    except ValueError as err:
+        raise RuntimeError(f"{path}: not JSON: {err}") from err
+    if "version" not in document:
+        return  # NVIDIA's own
+    if document.get("data", {}).get("claims"):
+        raise RuntimeError(f"{path} still lists prepared claims: unprepare them first")
+    path.unlink()
 
 
 def dra_driver(
