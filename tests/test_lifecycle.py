@@ -331,3 +331,40 @@ def test_a_lost_gpu_stays_advertised_unhealthy_after_rediscovery() -> None:
             assert len(kubelet.devices(GPU)) == 8 and kubelet.allocatable(GPU) == 6
 
     run(body())
+
+
+def test_a_second_instance_serves_beside_the_first_as_a_rolling_update_runs_them() -> None:
+    """A DaemonSet update with surge starts the new pod before the old one ends: the new
+    `serve` binds a name beside the live socket and registers, the old keeps its own socket
+    (no fight over one path), and when the old one stops only its socket goes."""
+
+    async def body() -> None:
+        import tempfile
+
+        kdir = Path(tempfile.mkdtemp(prefix="dps"))
+        kubelet = KubeletEmulator(kdir)
+        await kubelet.start()
+        old = await _serve_process(kdir, "--simulate", "h100-x8")
+        new = None
+        try:
+            assert await kubelet.wait_for(lambda: kubelet.allocatable(GPU) == 8, 10)
+            new = await _serve_process(kdir, "--simulate", "h100-x8")
+            assert await kubelet.wait_for(lambda: registrations(kubelet, GPU) == 2, 10)
+            assert kubelet.endpoints[GPU].endpoint == "nvidia-gpu-1.sock"
+            await asyncio.sleep(2.5)  # a few socket checks: neither takes the other's path
+            assert registrations(kubelet, GPU) == 2
+            assert {"nvidia-gpu.sock", "nvidia-gpu-1.sock"} <= {p.name for p in kdir.iterdir()}
+            old.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(old.wait(), 5) == 0
+            assert "nvidia-gpu.sock" not in {p.name for p in kdir.iterdir()}
+            await asyncio.sleep(1.5)
+            assert registrations(kubelet, GPU) == 2 and kubelet.allocatable(GPU) == 8
+            assert kubelet.endpoints[GPU].connected
+        finally:
+            for proc in (old, new):
+                if proc is not None and proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            await kubelet.stop()
+
+    run(body())

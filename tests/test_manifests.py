@@ -301,7 +301,7 @@ def test_scheduling_and_rollout(ds: Doc) -> None:
     assert ("CriticalAddonsOnly", "Exists", None) in tolerations
     assert ds["spec"]["updateStrategy"] == {
         "type": "RollingUpdate",
-        "rollingUpdate": {"maxUnavailable": 1},
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},  # beside the old pod
     }
     assert spec["terminationGracePeriodSeconds"] <= 30
     resources = container(ds)["resources"]

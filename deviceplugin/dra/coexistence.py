@@ -13,9 +13,9 @@ enough: the driver notices within seconds and publishes.
 
 from __future__ import annotations
 
-import contextlib
-import socket
 from pathlib import Path
+
+from deviceplugin.node.unixgrpc import listening
 
 DEVICE_PLUGIN_SOCKETS = "nvidia-*.sock"
 CONNECT_TIMEOUT_SECONDS = 0.5
@@ -28,7 +28,7 @@ def live_device_plugins(device_plugins_dir: Path) -> tuple[str, ...]:
         candidates = sorted(device_plugins_dir.glob(DEVICE_PLUGIN_SOCKETS))
     except OSError:
         return ()
-    return tuple(path.name for path in candidates if _listening(path))
+    return tuple(path.name for path in candidates if listening(path, CONNECT_TIMEOUT_SECONDS))
 
 
 def conflict_message(sockets: tuple[str, ...], device_plugins_dir: Path) -> str:
@@ -37,11 +37,3 @@ def conflict_message(sockets: tuple[str, ...], device_plugins_dir: Path) -> str:
         f"{device_plugins_dir}): the DRA driver publishes no device here, so no GPU is handed "
         "out twice; remove the device plugin from this node to hand its GPUs to DRA"
     )
-
-
-def _listening(path: Path) -> bool:
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(CONNECT_TIMEOUT_SECONDS)
-        probe.connect(str(path))
-        return True
-    return False

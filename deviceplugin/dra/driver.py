@@ -159,6 +159,7 @@ class DraDriver:
         await self._report_health()
         self.dra = DraServer(self.preparer, self.dra_socket, self.health, observer=self.metrics)
         await self.dra.start()
+        self.registration.endpoint = self.dra.socket  # beside an old instance's in an update
         await self.registration.start()
         engine.start_health(self._health_changed)
         self._started = True
@@ -168,7 +169,7 @@ class DraDriver:
             driver=settings.driver_name,
             node=self.node,
             devices=len(devices.by_name),
-            socket=str(self.dra_socket),
+            socket=str(self.dra.socket),
         )
 
     async def stop(self) -> None:
@@ -235,8 +236,11 @@ class DraDriver:
     async def _heal_sockets(self) -> None:
         if self.dra is None:  # never started (no NVML with failOnInitError false)
             return
+        endpoint = self.dra.socket
         for name, server in (("dra", self.dra), ("registration", self.registration)):
-            if server.owns_socket:
+            # A DRA socket served again under another name must be registered again.
+            moved = name == "registration" and self.dra.socket != endpoint
+            if server.owns_socket and not moved:
                 continue
             log_event(
                 logger,
@@ -246,6 +250,8 @@ class DraDriver:
                 socket=str(server.socket),
             )
             await server.stop(0)
+            if moved:
+                self.registration.endpoint = self.dra.socket
             await server.start()
 
     async def _rediscover(self) -> bool:

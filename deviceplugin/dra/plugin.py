@@ -132,11 +132,15 @@ class DraServer:
         health: HealthReporter | None = None,
         observer: ClaimsObserver | None = None,
     ) -> None:
-        self.socket = socket
-        self._unix = UnixServer(socket)
+        self._unix = UnixServer(socket, beside_others=True)
         self._preparer = preparer
         self._observer = observer
         self._health = health
+
+    @property
+    def socket(self) -> Path:
+        """The DRA socket bound (beside another instance's during an update)."""
+        return self._unix.socket
 
     @property
     def owns_socket(self) -> bool:

@@ -67,10 +67,14 @@ class RegistrationServer(api_pb2_grpc.RegistrationServicer):
     ) -> None:
         self.driver = driver
         self.endpoint = endpoint
-        self.socket = socket
         self.registered = False
         self._on_status = on_status
-        self._unix = UnixServer(socket)
+        self._unix = UnixServer(socket, beside_others=True)
+
+    @property
+    def socket(self) -> Path:
+        """The registration socket bound (beside another instance's during an update)."""
+        return self._unix.socket
 
     @property
     def owns_socket(self) -> bool:

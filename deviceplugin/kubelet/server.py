@@ -85,7 +85,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     ) -> None:
         self._resource = resource
         self._message = list_response(resource)
-        self._unix = UnixServer(kubelet_dir / resource.socket_name)
+        self._unix = UnixServer(kubelet_dir / resource.socket_name, beside_others=True)
         self._allocator = allocator
         self._observer: Observer = observer or _NullObserver()
         self._generation = 0

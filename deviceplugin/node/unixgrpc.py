@@ -4,6 +4,9 @@ The kubelet reaches each plugin API (device plugin, DRA, plugin registration) ov
 socket in a directory it owns; a socket file left by a crashed run must be removed before
 binding, and a stopped server's socket removed so the kubelet stops dialling it.
 
+Two instances of one server may run side by side during a rolling update: with `beside_others`
+a server leaves a socket another live process serves on alone and binds a free name beside it.
+
 A path that still exists is not necessarily still ours: the kubelet (or anyone) may delete our
 socket and put something else there, a regular file or another process's socket. `UnixServer`
 remembers the device and inode of the socket it bound, so `owns_socket` tells its own socket
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket as pysocket
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +33,8 @@ SERVER_OPTIONS = (("grpc.max_receive_message_length", 16 * 1024 * 1024),)
 MAX_SOCKET_PATH = 107  # bytes: sockaddr_un.sun_path holds 108, with the terminating NUL
 
 SocketIdentity = tuple[int, int]  # (st_dev, st_ino)
+LISTEN_PROBE_SECONDS = 0.5
+MAX_INSTANCES = 8  # of one server on one node at a time: an update's old and new, and spares
 
 
 class SocketPathError(DevicePluginError):
@@ -50,6 +56,35 @@ def socket_identity(path: Path) -> SocketIdentity | None:
     except OSError:
         return None
     return (info.st_dev, info.st_ino) if stat.S_ISSOCK(info.st_mode) else None
+
+
+def listening(path: Path, timeout: float = LISTEN_PROBE_SECONDS) -> bool:
+    """A server accepts connections on the unix socket at `path` (a socket file left by a
+    killed process refuses them)."""
+    with (
+        contextlib.suppress(OSError),
+        pysocket.socket(pysocket.AF_UNIX, pysocket.SOCK_STREAM) as probe,
+    ):
+        probe.settimeout(timeout)
+        probe.connect(str(path))
+        return True
+    return False
+
+
+def free_path(preferred: Path) -> Path:
+    """`preferred`, unless another process serves there: then the first of `<stem>-1<suffix>`,
+    `<stem>-2<suffix>`, ... beside it that no server holds. A rolling update runs the old and
+    the new instance side by side; the kubelet keeps both connected as long as each has its own
+    socket, so neither has to stop serving before the other registers."""
+    for number in range(MAX_INSTANCES):
+        path = (
+            preferred
+            if number == 0
+            else preferred.with_name(f"{preferred.stem}-{number}{preferred.suffix}")
+        )
+        if socket_identity(path) is None or not listening(path):
+            return path
+    raise SocketPathError(f"{MAX_INSTANCES} servers already listen at {preferred} and beside it")
 
 
 async def listen_unix(
@@ -78,10 +113,14 @@ async def close_unix(server: grpc.aio.Server | None, socket: Path, grace: float 
 
 
 class UnixServer:
-    """One grpc.aio server on `socket`, and whether that path is still the socket it bound."""
+    """One grpc.aio server on `socket`, and whether that path is still the socket it bound.
+    With `beside_others`, a socket another live server holds is left alone and the server
+    binds the first free path beside it (`free_path`): `socket` then names the one bound."""
 
-    def __init__(self, socket: Path) -> None:
+    def __init__(self, socket: Path, beside_others: bool = False) -> None:
+        self.preferred = socket
         self.socket = socket
+        self._beside_others = beside_others
         self._server: grpc.aio.Server | None = None
         self._identity: SocketIdentity | None = None
 
@@ -97,6 +136,8 @@ class UnixServer:
     async def start(self, add_services: Callable[[grpc.aio.Server], None]) -> None:
         """Listen (whatever is at the path is replaced); returns once calls are accepted.
         Raises SocketPathError."""
+        if self._beside_others:
+            self.socket = free_path(self.preferred)
         self._server = await listen_unix(self.socket, add_services)
         self._identity = socket_identity(self.socket)
 

@@ -181,8 +181,12 @@ class Supervisor:
             reason = self._registrar.restart_needed(self._servers)
             if reason is not None:
                 await self._registrar.reregister(self._servers, f"{trigger}: {reason}")
+                self._note_socket_names()  # a server may have bound a name beside another
 
         await self.engine.change(check, None)
+
+    def _note_socket_names(self) -> None:
+        self._socket_names = frozenset(s.socket_path.name for s in self._servers.values())
 
     def our_sockets(self) -> frozenset[str]:
         """File names of our sockets; safe to call from a watcher thread."""
@@ -312,5 +316,5 @@ class Supervisor:
             await server.start()
             self._servers[name] = server
             self._registrar.register(server)
-        self._socket_names = frozenset(s.socket_path.name for s in self._servers.values())
+        self._note_socket_names()
         self.metrics.set_resources(desired)
