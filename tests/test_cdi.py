@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -520,3 +521,16 @@ def test_a_driver_root_without_proc_gets_the_simulated_kernel_modules_files(
     proc = run(body())
     assert not os.path.exists(proc)  # the temporary proc tree is gone
     assert root.exists()  # the user's tree is left alone
+
+
+def test_capability_files_follow_the_drivers_rule_beyond_the_mig_minors_table() -> None:
+    """The kernel module's /proc/driver/nvidia/capabilities files name the minors mig-minors
+    lists, and follow the same rule past its 32 GPUs (a 64-GPU node of the benchmark)."""
+    from deviceplugin.sim.hostroot import capability_files, mig_minors_table
+
+    node = read_node(resolve_node_path(PRESET))
+    table = mig_minors_table()
+    files = capability_files(node)
+    assert files and all(table[key.replace("/mig/", "/")] == minor for key, minor in files.items())
+    far = replace(node, gpus=tuple(replace(gpu, minor=gpu.minor + 40) for gpu in node.gpus))
+    assert len(capability_files(far)) == len(files)

@@ -82,16 +82,15 @@ def _mig_minors_table() -> dict[str, int]:
 def capability_files(node: Node) -> dict[str, int]:
     """The capability files the kernel module publishes under
     /proc/driver/nvidia/capabilities for the GPU and compute instances that exist now
-    (`gpu<minor>/mig/gi<id>/access`, `.../ci<id>/access`), with their minors."""
-    table = _mig_minors_table()
+    (`gpu<minor>/mig/gi<id>/access`, `.../ci<id>/access`), with their minors (the driver's
+    rule, which mig-minors lists for the first 32 GPUs)."""
     files = {}
     for gpu in node.gpus:
         for mig in gpu.mig_devices:
             gi, ci = mig.gpu_instance_id, mig.compute_instance_id
-            files[f"gpu{gpu.minor}/mig/gi{gi}/access"] = table[gpu_instance_key(gpu.minor, gi)]
-            files[f"gpu{gpu.minor}/mig/gi{gi}/ci{ci}/access"] = table[
-                compute_instance_key(gpu.minor, gi, ci)
-            ]
+            access = gpu_instance_minor(gpu.minor, gi)
+            files[f"gpu{gpu.minor}/mig/gi{gi}/access"] = access
+            files[f"gpu{gpu.minor}/mig/gi{gi}/ci{ci}/access"] = access + 1 + ci
     return files
 
 
