@@ -7,20 +7,25 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 
 from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.sim.kubelet import KubeletEmulator
+from e2e.reference import plugins
 from e2e.reference.plugins import PluginProcess
 
 REGISTER_TIMEOUT = 20.0
 QUIET_SECONDS = 0.4  # no new registration for this long: every resource has registered
 
 Plain = dict[str, Any]
+T = TypeVar("T")
 CDI_KEY_ID = re.compile(r"^(cdi\.k8s\.io/[^_]+_).+$")
 
 
@@ -152,3 +157,32 @@ async def advertised(kubelet: KubeletEmulator, plugin: PluginProcess) -> Adverti
         return Advertised(
             resources={name: await _resource(kubelet, name) for name in kubelet.resources()}
         )
+
+
+async def in_turn(
+    binaries: Path,
+    root: Path,
+    config: Path,
+    work: Path,
+    observe: Callable[[KubeletEmulator, PluginProcess], Awaitable[T]],
+    ours_extra: Sequence[str] = (),
+) -> dict[str, T]:
+    """The reference, then ours, each on driver root `root` with `config` against a fresh
+    kubelet emulator under `work/<name>`: what `observe` makes of each."""
+    results: dict[str, T] = {}
+    for name in ("reference", "ours"):
+        run = work / name
+        shutil.rmtree(run, ignore_errors=True)
+        (run / "cdi").mkdir(parents=True)
+        kubelet = KubeletEmulator(run / "kubelet")
+        await kubelet.start()
+        try:
+            log = run / "plugin.log"
+            if name == "reference":
+                plugin = plugins.reference(binaries, root, kubelet.directory, config, log)
+            else:
+                plugin = plugins.ours(root, kubelet.directory, config, run / "cdi", log, ours_extra)
+            results[name] = await observe(kubelet, plugin)
+        finally:
+            await kubelet.stop()
+    return results

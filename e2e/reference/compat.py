@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -25,9 +24,8 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.sim.kubelet import KubeletEmulator
 from e2e.reference import plugins
-from e2e.reference.advertised import Advertised, advertised
+from e2e.reference.advertised import Advertised, advertised, in_turn
 from e2e.reference.known import Difference, explain
 
 CONFIG_DIR = plugins.REPO / "config"
@@ -170,22 +168,7 @@ async def run_case(case: Case, binaries: Path, work: Path, roots: dict[str, Path
     root = roots[case.preset]
     config = work / "config.yaml"
     config.write_text(case.config)
-    answers: dict[str, Advertised] = {}
-    for name in ("reference", "ours"):
-        run = work / name
-        shutil.rmtree(run, ignore_errors=True)
-        (run / "cdi").mkdir(parents=True)
-        kubelet = KubeletEmulator(run / "kubelet")
-        await kubelet.start()
-        try:
-            log = run / "plugin.log"
-            if name == "reference":
-                plugin = plugins.reference(binaries, root, kubelet.directory, config, log)
-            else:
-                plugin = plugins.ours(root, kubelet.directory, config, run / "cdi", log)
-            answers[name] = await advertised(kubelet, plugin)
-        finally:
-            await kubelet.stop()
+    answers = await in_turn(binaries, root, config, work, advertised)
     differences = list(compare(case.name, answers["ours"], answers["reference"]))
     return Outcome(
         case, answers["ours"], answers["reference"], differences, time.monotonic() - began

@@ -23,7 +23,7 @@ from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
 from e2e.reference import plugins
-from e2e.reference.advertised import wait_registered
+from e2e.reference.advertised import in_turn, wait_registered
 
 PRESET = "a100-80gb-x8-mixed"  # whole GPUs and MIG devices side by side
 CONFIG = {"version": "v1", "flags": {"migStrategy": "mixed"}}
@@ -136,23 +136,13 @@ async def compare_scenario(
     work.mkdir(parents=True, exist_ok=True)
     config = work / "config.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    seen: dict[str, Seen] = {}
-    for name in ("reference", "ours"):
-        run = work / name
-        (run / "cdi").mkdir(parents=True, exist_ok=True)
-        kubelet = KubeletEmulator(run / "kubelet")
-        await kubelet.start()
-        try:
-            log = run / "plugin.log"
-            if name == "reference":
-                plugin = plugins.reference(binaries, root, kubelet.directory, config, log)
-            else:
-                extra = ("--health-recovery-after", RECOVERY_AFTER)
-                plugin = plugins.ours(root, kubelet.directory, config, run / "cdi", log, extra)
-            seen[name] = await observe(kubelet, plugin, root / EVENTS_FILE, node, scenario)
-        finally:
-            await kubelet.stop()
-    return seen
+    events = root / EVENTS_FILE
+
+    async def watch(kubelet: KubeletEmulator, plugin: plugins.PluginProcess) -> Seen:
+        return await observe(kubelet, plugin, events, node, scenario)
+
+    extra = ("--health-recovery-after", RECOVERY_AFTER)
+    return await in_turn(binaries, root, config, work, watch, extra)
 
 
 async def run(
