@@ -191,8 +191,7 @@ def table(results: dict[str, dict[str, Seen]]) -> str:
 
 def main() -> int:
     try:
-        plugins.require_root()
-        binaries = plugins.reference_binaries()
+        binaries = plugins.runnable_binaries()
     except plugins.ReferenceUnavailable as exc:
         print(f"health: {exc}", file=sys.stderr)
         return 2

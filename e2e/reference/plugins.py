@@ -69,6 +69,13 @@ def require_root() -> None:
         raise ReferenceUnavailable("the reference plugin runs in a mount namespace: needs root")
 
 
+def runnable_binaries() -> Path:
+    """NVIDIA's binaries, when this process may run them as the comparisons do (root); raises
+    ReferenceUnavailable saying why not."""
+    require_root()
+    return reference_binaries()
+
+
 def sim_root(preset: str, directory: Path) -> Path:
     """`deviceplugin sim-root PRESET DIR`: a driver root with the simulated NVML library."""
     done = subprocess.run(

@@ -16,8 +16,7 @@ from e2e.reference import health, plugins
 @pytest.fixture(scope="module")
 def seen() -> dict[str, dict[str, health.Seen]]:
     try:
-        plugins.require_root()
-        binaries = plugins.reference_binaries()
+        binaries = plugins.runnable_binaries()
     except plugins.ReferenceUnavailable as exc:
         pytest.skip(str(exc))
     return asyncio.run(health.run(binaries))
