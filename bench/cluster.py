@@ -371,9 +371,10 @@ def nvidia_driver(api: Api) -> Iterator[Publish]:
     plugins.hand_over_dra_checkpoint()
     log = RUN / "logs" / "nvidia-dra-driver-bench.log"
     root = Path("/var/lib/deviceplugin-sim/root")
-    with plugins.dra_driver(
+    driver = plugins.dra_driver(
         binaries, root, RUN / "kubeconfig", REAL_NODE, Path("/var/run/cdi"), log
-    ):
+    )
+    with driver.start():
         wait_for("NVIDIA's slices on the real node", lambda: bool(real_node_slices(api)))
         yield nvidia_slices_for(real_node_slices(api))
     kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", "--wait=false")

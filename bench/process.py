@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -55,11 +55,16 @@ def rss_bytes(pid: int) -> int:
 
 
 class Child:
-    """One child process with its output in a log file; a context manager that always stops it."""
+    """One child process with its output in a log file; a context manager that always stops it.
+    It leads a session of its own, and stopping signals the whole group, so a wrapper (`unshare`,
+    a shell) ends with what it runs. `env` defaults to `clean_env()`."""
 
-    def __init__(self, argv: Sequence[str], log: Path) -> None:
+    def __init__(
+        self, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+    ) -> None:
         self.argv = list(argv)
         self.log = log
+        self.env = dict(env) if env is not None else None
         self.started = 0.0
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -72,7 +77,7 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=clean_env(),
+                env=self.env if self.env is not None else clean_env(),
                 cwd=REPO,
                 start_new_session=True,
             )
@@ -86,6 +91,10 @@ class Child:
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        """The exit status once the child has ended; None while it runs or before it starts."""
+        return None if self._proc is None else self._proc.poll()
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.pid)
@@ -106,11 +115,11 @@ class Child:
         if proc is None:
             return None
         if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+            os.killpg(proc.pid, signal.SIGTERM)
             try:
                 return proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
         return proc.wait()
 
     def __enter__(self) -> Child:

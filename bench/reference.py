@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 
 from bench.nodes import DEFAULT_PRESET, MIG_RESOURCE, large_node
-from bench.process import compile_sources, cpu_seconds, rss_bytes
+from bench.process import Child, compile_sources, cpu_seconds, rss_bytes
 from bench.report import machine, median, number, p99
 from bench.scenarios import (
     ALLOCATES,
@@ -118,7 +118,7 @@ class Side:
     """One plugin on its own driver root, registered with its own emulator."""
 
     name: str
-    plugin: plugins.PluginProcess
+    plugin: Child
     kubelet: KubeletEmulator
     root: Path
     config: Path
@@ -174,7 +174,7 @@ async def started(
     side = Side(name, plugin, kubelet, root, config)
     await kubelet.start()
     try:
-        with plugin:
+        with plugin.start():
             seen = await side.until(registered(kubelet, expected, plugin.started), "start", timeout)
             side.registered_in = seen - plugin.started
             side.pid = plugins.reference_pid(plugin) if name == REFERENCE else plugin.pid

@@ -120,9 +120,10 @@ def drivers() -> Iterator[dict[str, Driven]]:
     wait_until("no slices of another driver", _no_slices, timeout=120)
     plugins.hand_over_dra_checkpoint()
     log = RUN / "logs" / "nvidia-dra-driver.log"
-    with plugins.dra_driver(
+    driver = plugins.dra_driver(
         binaries, DRIVER_ROOT, KUBECONFIG, NODE_NAME, Path("/var/run/cdi"), log
-    ):
+    )
+    with driver.start():
         wait_until("NVIDIA's slices", lambda: len(published()) == DEVICES or None, timeout=120)
         driven["nvidia"] = _drive()
     kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", check=False)

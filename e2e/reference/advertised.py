@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from bench.process import Child
 from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.sim.kubelet import KubeletEmulator
 from e2e.reference import plugins
-from e2e.reference.plugins import PluginProcess
 
 REGISTER_TIMEOUT = 20.0
 QUIET_SECONDS = 0.4  # no new registration for this long: every resource has registered
@@ -124,7 +124,7 @@ async def _resource(kubelet: KubeletEmulator, resource: str) -> Plain:
     return answers
 
 
-async def wait_registered(kubelet: KubeletEmulator, plugin: PluginProcess) -> str:
+async def wait_registered(kubelet: KubeletEmulator, plugin: Child) -> str:
     """Wait until the plugin has registered every resource it will and each has sent its
     first device list; returns why not ("" when it did)."""
     deadline = time.monotonic() + REGISTER_TIMEOUT
@@ -145,9 +145,9 @@ async def wait_registered(kubelet: KubeletEmulator, plugin: PluginProcess) -> st
     return f"a resource sent no device list in {REGISTER_TIMEOUT:.0f} s"
 
 
-async def advertised(kubelet: KubeletEmulator, plugin: PluginProcess) -> Advertised:
+async def advertised(kubelet: KubeletEmulator, plugin: Child) -> Advertised:
     """Start `plugin`, read everything it advertises through `kubelet`, stop it."""
-    with plugin:
+    with plugin.start():
         failed = await wait_registered(kubelet, plugin)
         if failed:
             return Advertised(failed=failed)
@@ -164,7 +164,7 @@ async def in_turn(
     root: Path,
     config: Path,
     work: Path,
-    observe: Callable[[KubeletEmulator, PluginProcess], Awaitable[T]],
+    observe: Callable[[KubeletEmulator, Child], Awaitable[T]],
     ours_extra: Sequence[str] = (),
 ) -> dict[str, T]:
     """The reference, then ours, each on driver root `root` with `config` against a fresh

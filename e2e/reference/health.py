@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.process import Child
 from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
@@ -108,12 +109,12 @@ def _append(events: Path, lines: list[dict[str, object]]) -> float:
 
 async def observe(
     kubelet: KubeletEmulator,
-    plugin: plugins.PluginProcess,
+    plugin: Child,
     events: Path,
     node: Node,
     scenario: Scenario,
 ) -> Seen:
-    with plugin:
+    with plugin.start():
         failed = await wait_registered(kubelet, plugin)
         if failed:
             return Seen(failed=failed)
@@ -138,7 +139,7 @@ async def compare_scenario(
     config.write_text(yaml.safe_dump(CONFIG))
     events = root / EVENTS_FILE
 
-    async def watch(kubelet: KubeletEmulator, plugin: plugins.PluginProcess) -> Seen:
+    async def watch(kubelet: KubeletEmulator, plugin: Child) -> Seen:
         return await observe(kubelet, plugin, events, node, scenario)
 
     extra = ("--health-recovery-after", RECOVERY_AFTER)

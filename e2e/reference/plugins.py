@@ -16,14 +16,12 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+
+from bench.process import Child
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(__file__).resolve().parent / "build.sh"
@@ -99,70 +97,6 @@ def plugin_env() -> dict[str, str]:
     }
 
 
-@dataclass
-class PluginProcess:
-    """One plugin process; a context manager that always stops it (SIGTERM, then SIGKILL)."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    started: float = 0.0
-    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-
-    def start(self) -> PluginProcess:
-        with self.log.open("ab") as out:
-            self.started = time.monotonic()
-            self._proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=REPO,
-                start_new_session=True,
-            )
-        return self
-
-    @property
-    def pid(self) -> int:
-        if self._proc is None:
-            raise RuntimeError(f"{self.name} is not running")
-        return self._proc.pid
-
-    def exit_code(self) -> int | None:
-        return None if self._proc is None else self._proc.poll()
-
-    def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 5.0) -> None:
-        proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        # The reference runs under `unshare`: signal the whole session so it ends too.
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-    def __enter__(self) -> PluginProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-
 def running(pid: int, executable: str, proc: Path = Path("/proc")) -> int:
     """The process that runs `executable` (a file name): `pid` itself once it has exec'd it, or
     its nearest descendant that has (`unshare` may fork, `sh` forks unless the script execs).
@@ -179,14 +113,12 @@ def running(pid: int, executable: str, proc: Path = Path("/proc")) -> int:
     raise LookupError(f"no process under {pid} runs {executable}")
 
 
-def reference_pid(plugin: PluginProcess) -> int:
+def reference_pid(plugin: Child) -> int:
     """The pid of NVIDIA's Go process itself, under the `unshare ... sh -c` that starts it."""
     return running(plugin.pid, REFERENCE_EXECUTABLE)
 
 
-def reference(
-    binaries: Path, root: Path, kubelet_dir: Path, config: Path, log: Path
-) -> PluginProcess:
+def reference(binaries: Path, root: Path, kubelet_dir: Path, config: Path, log: Path) -> Child:
     """NVIDIA's plugin on driver root `root`, registering with `kubelet_dir/kubelet.sock`."""
     script = "\n".join(
         [
@@ -219,7 +151,7 @@ def reference(
         "CONTAINER_DRIVER_ROOT": str(root),
     }
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-    return PluginProcess("reference", argv, env, log)
+    return Child(argv, log, env)
 
 
 def ours(
@@ -229,14 +161,14 @@ def ours(
     cdi_dir: Path,
     log: Path,
     extra: Sequence[str] = (),
-) -> PluginProcess:
+) -> Child:
     """`deviceplugin serve` on the same driver root, with the same config file (and `extra`
     flags)."""
     console = Path(sys.executable).parent / "deviceplugin"
     command = [str(console)] if console.exists() else [sys.executable, "-m", "deviceplugin"]
     argv = [*command, "serve", "--config-file", str(config), "--kubelet-dir", str(kubelet_dir)]
     argv += ["--nvidia-driver-root", str(root), "--cdi-spec-dir", str(cdi_dir), *extra]
-    return PluginProcess("ours", argv, plugin_env(), log)
+    return Child(argv, log, plugin_env())
 
 
 DRA_PLUGIN_DIR = Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
@@ -263,7 +195,7 @@ def hand_over_dra_checkpoint(plugin_dir: Path = DRA_PLUGIN_DIR) -> None:
 
 def dra_driver(
     binaries: Path, root: Path, kubeconfig: Path, node_name: str, cdi_dir: Path, log: Path
-) -> PluginProcess:
+) -> Child:
     """NVIDIA's DRA kubelet plugin on driver root `root`, for node `node_name` of the cluster in
     `kubeconfig`, registering with the real kubelet (/var/lib/kubelet/plugins_registry). It
     reads /proc/driver/nvidia/capabilities and the nvidia-caps major in /proc/devices from the
@@ -289,4 +221,4 @@ def dra_driver(
         "CDI_ROOT": str(cdi_dir),
     }
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-    return PluginProcess("NVIDIA's DRA driver", argv, env, log)
+    return Child(argv, log, env)
