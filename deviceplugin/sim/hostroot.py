@@ -165,20 +165,14 @@ def lay_out(node: Node, root: Path, every_instance: bool = True) -> bool:
         (root / "usr/bin" / binary).chmod(0o755)
     for firmware in FIRMWARE:
         _write(root / "lib/firmware/nvidia" / version / firmware, b"placeholder firmware\n")
-    for key, minor in capability_files(node).items():
-        _write(root / "proc/driver/nvidia/capabilities" / key, capability_text(minor).encode())
-    for gpu in node.gpus:
-        numa = -1 if gpu.numa_node is None else gpu.numa_node  # the kernel's "no affinity"
-        _write(
-            root / SYSFS_PCI_DEVICES / sysfs_bus_id(gpu.pci_bus_id) / "numa_node", b"%d\n" % numa
-        )
     return real
 
 
 def install_library(node: Node, root: Path, library: Path) -> None:
     """Put the simulated NVML library (`library`, a build of `sim/native/`) under `root` as
     `libnvidia-ml.so.<ver>` with its `.so.1` and `.so` links, the node rendered for it beside
-    it, and the events file it reads (created empty when missing). A copy, not a link: the
+    it, the events file it reads (created empty when missing), each GPU's sysfs `numa_node`
+    and the capability files of its MIG devices. A copy, not a link: the
     dynamic loader treats two roots' copies as two libraries, each finding its own node."""
     target = root / LIBRARY_DIR / f"libnvidia-ml.so.{node.driver_version}"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -189,6 +183,15 @@ def install_library(node: Node, root: Path, library: Path) -> None:
     _link(target.parent / "libnvidia-ml.so.1", target.name)
     _link(target.parent / "libnvidia-ml.so", "libnvidia-ml.so.1")
     _write(root / LIBRARY_NODE_FILE, render(node).encode())
+    # What NVIDIA's consumers read beside NVML (ours too, from a driver root): only a root laid
+    # out for them needs it, not the temporary tree `serve --simulate` starts with.
+    for key, minor in capability_files(node).items():
+        _write(root / "proc/driver/nvidia/capabilities" / key, capability_text(minor).encode())
+    for gpu in node.gpus:
+        numa = -1 if gpu.numa_node is None else gpu.numa_node  # the kernel's "no affinity"
+        _write(
+            root / SYSFS_PCI_DEVICES / sysfs_bus_id(gpu.pci_bus_id) / "numa_node", b"%d\n" % numa
+        )
     events = root / EVENTS_FILE
     if not events.exists():
         _write(events, b"")
