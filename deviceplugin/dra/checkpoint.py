@@ -25,11 +25,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.record import record
 from deviceplugin.node.cdiwriter import SpecWriter
 
 VERSION = 2
@@ -44,7 +44,7 @@ class CheckpointError(DevicePluginError):
     """The checkpoint exists but cannot be trusted: unreadable, wrong version or checksum."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PreparedDevice:
     """One allocated device as NodePrepareResources reports it, and how it was set up."""
 
@@ -58,7 +58,7 @@ class PreparedDevice:
     interval: str = ""  # the GPU's time slice when time-sliced
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PreparedClaim:
     """A claim this driver prepared (or is preparing), and the answer it gave."""
 
@@ -72,7 +72,7 @@ class PreparedClaim:
         return self.state == COMPLETED
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Saved:
     """What a checkpoint file holds: the boot that wrote it ("" when unknown: version 1) and the
     claims by UID; `version` is the file's own, before migration."""

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -32,6 +31,7 @@ from deviceplugin.dra.health.v1 import api_pb2_grpc as v1_grpc
 from deviceplugin.dra.health.v1alpha1 import api_pb2 as v1alpha1
 from deviceplugin.dra.health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 from deviceplugin.model.devices import Gpu, MigDevice
+from deviceplugin.model.record import record
 from deviceplugin.model.slices import unhealthy_reason
 
 HEALTH_TIMEOUT_SECONDS = 90
@@ -39,7 +39,7 @@ RESEND_SECONDS = HEALTH_TIMEOUT_SECONDS / 3
 MAX_MESSAGE = 1024  # the kubelet truncates longer messages
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceState:
     """One published device's health, by its name in the pool."""
 
@@ -144,7 +144,7 @@ class HealthReporter:
             self._changed.notify_all()
 
 
-@dataclass
+@record
 class _Streams:
     """The streams of one server: `closed` ends them."""
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ UNPREPARE_AFTER_CDI_SPEC_REMOVED = "unprepare-after-cdi-spec-removed"
 POINTS = (PREPARE_AFTER_CDI_SPEC, PREPARE_AFTER_CHECKPOINT, UNPREPARE_AFTER_CDI_SPEC_REMOVED)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Failpoints:
     """The armed point, "" for none (production)."""
 

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.record import record
 
 API_VERSION = "deviceplugin.nvidia.com/v1alpha1"
 NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"  # NVIDIA's DRA driver's, accepted as well
@@ -55,7 +55,7 @@ class OpaqueConfigError(DevicePluginError):
         super().__init__(f"{path}: {message}")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceSettings:
     """How one allocated device is set up: shared by time-slicing or not, with a GPU's time
     slice; `origin` is the config entry that said so ("" for the default, exclusive)."""
@@ -112,7 +112,7 @@ _KINDS: dict[str, type[_GpuConfig] | type[_MigDeviceConfig]] = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ConfigEntry:
     """One validated entry of this driver: where it is, whom it covers, what it says."""
 

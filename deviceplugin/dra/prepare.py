@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,6 +83,7 @@ from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 from deviceplugin.model.slices import device_name, physical_devices
 from deviceplugin.node.cdiwriter import SpecWriter, describe
 
@@ -115,7 +116,7 @@ class ClaimReader(Protocol):
     async def read_claim(self, namespace: str, name: str) -> JsonObject: ...
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ClaimRef:
     """A claim as the kubelet names it."""
 
@@ -139,7 +140,7 @@ def claim_problem(index: int, ref: ClaimRef) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Outcome:
     """One claim's answer: its devices, or why it could not be prepared (`error` for the
     kubelet, `reason` for the metrics)."""
@@ -157,7 +158,7 @@ class PrepareError(DevicePluginError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeDevices:
     """What allocation results are mapped to: each published device name with the GPU (and MIG
     device) behind it, the host's files and the CDI options."""

@@ -39,11 +39,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 from deviceplugin.model.slices import (
     DEFAULT_TAINT,
     DRIVER,
@@ -74,7 +74,7 @@ class PublishObserver(Protocol):
     def publish_done(self, seconds: float, ok: bool) -> None: ...
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Backoff:
     """Delays between retries after an API error: first, doubling, up to most."""
 

@@ -25,11 +25,12 @@ without bound, this search gives up after a fixed number of device checks and sa
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from deviceplugin.explain.resourceapi import Claim, Constraint, DeviceChoice, DeviceClass, Request
 from deviceplugin.explain.selectors import Selector, SelectorError, cel_device, qualified
+from deviceplugin.model.record import record
 
 JsonObject = dict[str, Any]
 MAX_RESULTS = 32  # AllocationResultsMaxSize: devices per claim
@@ -37,7 +38,7 @@ MAX_CHECKS = 1_000_000  # device checks before the search gives up
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Candidate:
     """One published device: its name, what CEL selectors see, its attributes (for
     constraints) and its taints."""
@@ -72,7 +73,7 @@ class Candidate:
         return str(kind), content
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Allocation:
     """The devices per request (`<request>/<subrequest>` for a `firstAvailable` one), the value
     each `matchAttribute` settled on; or `failure`, why not."""

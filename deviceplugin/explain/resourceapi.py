@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deviceplugin.explain.selectors import Selector, SelectorError
@@ -31,6 +30,7 @@ from deviceplugin.model.kubenames import (
     dns_subdomain_problem,
     is_extended_resource_name,
 )
+from deviceplugin.model.record import record
 
 GROUP = "resource.k8s.io"
 VERSIONS = ("v1", "v1beta2", "v1beta1")
@@ -83,7 +83,7 @@ Problems = list[tuple[str, str]]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Toleration:
     """A request's toleration of device taints, defaulted (`operator` Equal)."""
 
@@ -103,7 +103,7 @@ class Toleration:
         return self.operator == "Equal" and self.value == taint.get("value", "")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceChoice:
     """What one `exactly` request, or one `firstAvailable` subrequest, asks for."""
 
@@ -115,7 +115,7 @@ class DeviceChoice:
     tolerations: tuple[Toleration, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Request:
     """One device request: `choices` holds the `exactly` request, or the subrequests of
     `firstAvailable` in the order the scheduler tries them."""
@@ -125,7 +125,7 @@ class Request:
     first_available: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Constraint:
     """`matchAttribute` (or with `distinct`, `distinctAttribute`) over the named requests or
     subrequests; no names: every request of the claim."""
@@ -135,7 +135,7 @@ class Constraint:
     distinct: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Claim:
     kind: str
     api_version: str
@@ -145,7 +145,7 @@ class Claim:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceClass:
     name: str
     selectors: tuple[Selector, ...] = ()

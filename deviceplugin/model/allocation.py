@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, Protocol
 
 from deviceplugin.model.config import Config
@@ -27,6 +27,7 @@ from deviceplugin.model.hostpaths import (
     gpu_instance_key,
     host_path,
 )
+from deviceplugin.model.record import record
 from deviceplugin.model.resources import ResourceSet
 
 ListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations", "cdi-cri"]
@@ -69,21 +70,21 @@ class HostFacts(Protocol):
     def mig_minor(self, key: str) -> int | None: ...
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Mount:
     container_path: str
     host_path: str
     read_only: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceSpec:
     container_path: str
     host_path: str
     permissions: str = "rw"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ContainerResponse:
     """What one container is given; mirrors v1beta1 ContainerAllocateResponse."""
 
@@ -94,7 +95,7 @@ class ContainerResponse:
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, `<kind>=<id>`
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AllocateOptions:
     """The flags that shape a response. Construction rejects combinations that cannot work,
     so a bad config fails at start-up rather than at the first pod."""

@@ -7,10 +7,11 @@ The kubelet's PodResources API is read by the device-plugin front-end; metrics, 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from deviceplugin.model.record import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PodDevice:
     """One device ID of one resource held by one container."""
 

@@ -16,7 +16,7 @@ even where the host has not created it yet.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from deviceplugin.model.allocation import CDI_KIND, VOLUME_MOUNTS_ROOT, IdStrategy
@@ -29,6 +29,7 @@ from deviceplugin.model.hostpaths import (
     gpu_instance_key,
     host_path,
 )
+from deviceplugin.model.record import record
 
 NVIDIA_MAJOR = 195  # /dev/nvidia<minor>, /dev/nvidiactl: fixed by the driver
 ALL_DEVICES = "all"
@@ -49,7 +50,7 @@ class CdiError(DevicePluginError):
     missing); the message names the device and what is missing."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NodeFile:
     """A character device node found on the host: its path as a container sees it
     (`/dev/nvidiactl`) and its major:minor, or None for both where the file is not a character
@@ -60,7 +61,7 @@ class NodeFile:
     minor: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostScan:
     """What the host has, as plain values: control nodes that exist, the character-device
     majors of `/proc/devices` by name, the driver's mig-minors table, and the driver's files
@@ -75,7 +76,7 @@ class HostScan:
     firmware: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CdiOptions:
     """What shapes the spec: how devices are named, and the host roots of the driver's files
     (`driver_root`) and device nodes (`dev_root`)."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, get_args
 
 from deviceplugin.model.config_keys import ENV_OVERRIDES as ENV_OVERRIDES
@@ -31,6 +30,7 @@ from deviceplugin.model.config_keys import (
     scan_keys,
 )
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.record import record
 from deviceplugin.model.strict import (
     BAD,
     Invalid,
@@ -92,7 +92,7 @@ def _is_uint(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
 
 
-_model = dataclass(frozen=True, kw_only=True)
+_model = record(frozen=True, kw_only=True)
 
 
 def _one_or_many(value: object) -> object:
@@ -369,7 +369,7 @@ class Config:
         return document
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ParsedConfig:
     """A valid config and the warnings about what in it is accepted but not acted on."""
 

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 import yaml
 
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.record import record
 
 # A mapping shape lists its keys; a one-element list describes every item of a list; None is a
 # scalar (or any value whose type the models check).
@@ -84,7 +85,7 @@ UNUSED: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Override:
     env: str
     path: tuple[str, ...]
@@ -248,7 +249,7 @@ def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return result
 
 
-@dataclass
+@record
 class KeyScan:
     """What `scan_keys` found: the document without unused keys, typos, and unused keys set."""
 
@@ -310,7 +311,7 @@ def _fold(name: str) -> str:
     return name.replace("_", "").replace("-", "").lower()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Given:
     """One override that was given: the document path it sets, its value, and its source."""
 

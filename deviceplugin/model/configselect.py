@@ -10,10 +10,10 @@ config is an error the caller reports while it keeps the config in force.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Literal
 
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.record import record
 
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
 DEFAULT_NAME = "default"  # the default config when none is named
@@ -21,7 +21,7 @@ DEFAULT_NAME = "default"  # the default config when none is named
 Reason = Literal["label", "default", "single"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Selection:
     """The config chosen and why."""
 

@@ -9,8 +9,10 @@ physical UUID. Because the values are frozen and comparable, "what changed" is p
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from enum import IntEnum, StrEnum
+
+from deviceplugin.model.record import record
 
 
 class Health(StrEnum):
@@ -31,7 +33,7 @@ class PcieLevel(IntEnum):
     SYSTEM = 50  # across NUMA nodes (SMP interconnect)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MigDevice:
     """One MIG device (a GPU instance with its compute instance) on a parent GPU."""
 
@@ -45,7 +47,7 @@ class MigDevice:
     compute_slices: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Gpu:
     """One physical GPU as NVML reports it."""
 
@@ -62,7 +64,7 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Link:
     """How two GPUs are connected: active NVLinks between them and their PCIe relation."""
 
@@ -70,7 +72,7 @@ class Link:
     pcie: PcieLevel = PcieLevel.SYSTEM
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Inventory:
     """Everything discovery learned about a node; rebuilt on rediscovery, compared by value."""
 
@@ -91,7 +93,7 @@ class Inventory:
         return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Device:
     """One device ID advertised to the kubelet, with the physical device behind it.
 

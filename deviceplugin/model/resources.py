@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cached_property
 
 from deviceplugin.model.config import Config, ReplicatedResource, ResourcePattern
 from deviceplugin.model.devices import Device, Gpu, Health, Inventory, MigDevice, replica_id
 from deviceplugin.model.errors import ConfigError, DiscoveryError
+from deviceplugin.model.record import record
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ResourceSet:
     """The devices advertised under one resource name, and the sharing rules for them."""
 
@@ -52,7 +53,7 @@ class ResourceSet:
         return sum(device.healthy for device in self.devices)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Plan:
     """The desired resource sets, plus warnings about what was skipped and why."""
 
@@ -148,7 +149,7 @@ def _named(patterns: Iterable[ResourcePattern], value: str, default: str) -> tup
     return default, None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class _Origin:
     """What put devices under a resource name: their kind and the rule that renamed them."""
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deviceplugin.model.config_keys import describe
+from deviceplugin.model.record import record
 
 Loc = tuple[str | int, ...]
 BAD: Any = object()  # what a reader returns for a value it found problems with
@@ -34,7 +34,7 @@ class Invalid(ValueError):
         self.subpath = subpath
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Problem:
     """One thing wrong with the document: where (keys and list positions), and what."""
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 from deviceplugin.model.devices import Device, Inventory, Link, PcieLevel
 from deviceplugin.model.gpuset import choose_gpus
 from deviceplugin.model.log import log_event
 from deviceplugin.model.packing import pack_mig, spread_replicas
+from deviceplugin.model.record import record
 from deviceplugin.model.resources import ResourceSet
 
 Policy = Literal["distributed", "packed"]
@@ -48,7 +48,7 @@ def pair_score(link: Link, numa_a: int | None, numa_b: int | None) -> int:
     return NVLINK_WEIGHT * max(link.nvlinks, 0) + PcieLevel.SYSTEM + 10 - level
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TopologyIndex:
     """What each preferred allocation for one resource needs, computed once per resource update,
     so a call costs a pass over `available` plus the choice itself.

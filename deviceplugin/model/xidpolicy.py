@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
 import yaml
 
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ REFERENCE_IGNORED: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 _WORKFLOW_ACTION = {"WORKFLOW_XID_48": "RESET_GPU", "WORKFLOW_NVLINK_ERR": "RESET_GPU"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class XidInfo:
     """What NVIDIA's catalog says about one Xid."""
 
@@ -55,7 +56,7 @@ def parse_xid_table(text: str) -> Mapping[int, XidInfo]:
     return table
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Decision:
     """What to do with one Xid: `fatal` marks the device; `reason` is what the kubelet side sees."""
 
@@ -64,7 +65,7 @@ class Decision:
     reason: str = ""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HealthPolicy:
     """Xid policy: a base (`reference` or `catalog`) adjusted by the two environment lists."""
 

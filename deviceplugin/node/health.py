@@ -21,12 +21,12 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, GpuLostError, NvmlError
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 from deviceplugin.model.xidpolicy import Decision, HealthPolicy
 from deviceplugin.node.nvml import (
     EVENT_DOUBLE_BIT_ECC,
@@ -53,7 +53,7 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _ECC_NAMES = {EVENT_DOUBLE_BIT_ECC: "ecc-dbe", EVENT_SINGLE_BIT_ECC: "ecc-sbe"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HealthChange:
     """One transition: `uuid` is a GPU UUID (the whole GPU) or a MIG UUID (that MIG device)."""
 
@@ -135,7 +135,7 @@ def parse_duration(text: str) -> float | None:
     )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MonitorTiming:
     """The worker's clock settings; production uses the defaults, tests shorten them."""
 
@@ -144,7 +144,7 @@ class MonitorTiming:
     restore: float = 30.0  # slow retry for lost monitoring, lost GPUs, failed registrations
 
 
-@dataclass
+@record
 class _Out:
     """An Unhealthy device; `due` is when to probe it (None: not while its GPU is unwatched)."""
 

@@ -17,8 +17,9 @@ import os
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+from deviceplugin.model.record import record
 
 IN_MODIFY = 0x2
 IN_ATTRIB = 0x4
@@ -86,7 +87,7 @@ def add_watch(fd: int, directory: str | os.PathLike[str], mask: int) -> int:
     return int(wd)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DirectoryEvent:
     """A change in a watched directory: `kind` is created, deleted, moved, closed (written and
     closed) or modified; `name` is the entry's name, "" for the directory itself. Kind "lost":

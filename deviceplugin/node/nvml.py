@@ -18,12 +18,12 @@ import logging
 import os
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from deviceplugin.model.errors import GpuLostError, NvmlError
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 from deviceplugin.node.nvml_api import NvmlModule, ProfileInfo
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ NumaReader = Callable[[str], "int | None"]
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NvmlEvent:
     """One NVML event, decoded. Instance IDs are None when NVML reports 0xFFFFFFFF."""
 
@@ -67,7 +67,7 @@ class NvmlEvent:
     compute_instance_id: int | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Probe:
     """What NVML says about a GPU when the health monitor checks whether it has recovered."""
 
@@ -78,7 +78,7 @@ class Probe:
     recovery_action: int | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; None: not exposed
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuInfo:
     """What NVML reports about one physical GPU."""
 
@@ -93,7 +93,7 @@ class GpuInfo:
     mig_enabled: bool
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MigInfo:
     """What NVML reports about one MIG device. Slice counts come from the GPU- and
     compute-instance profiles (as go-nvlib reads them), memory from the device attributes."""
@@ -108,7 +108,7 @@ class MigInfo:
     memory_mib: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class NvLink:
     """One active NVLink of a GPU: where it ends."""
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from deviceplugin.model.record import record
 
-@dataclass(frozen=True)
+
+@record(frozen=True)
 class Pool:
     """This node's pool as last written to the API server (or adopted there after a restart)."""
 
@@ -16,7 +18,7 @@ class Pool:
     devices: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DraStatus:
     """The driver's state now; `not_ready` says what keeps it from being ready."""
 

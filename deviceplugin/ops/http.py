@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +23,7 @@ from deviceplugin.model.assignments import PodDevices
 from deviceplugin.model.config import Config
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event, log_exception
+from deviceplugin.model.record import record
 from deviceplugin.ops.drametrics import DraMetrics
 from deviceplugin.ops.drastatus import DraStatus
 from deviceplugin.ops.metrics import Metrics
@@ -63,7 +63,7 @@ class PluginView(Protocol):
     def config(self) -> Config: ...
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Response:
     status: int
     body: bytes

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from deviceplugin.model.record import record
 from deviceplugin.model.resources import ResourceSet
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Status:
     """What /readyz and inspect report about the running plugin."""
 

@@ -20,7 +20,6 @@ import json
 import ssl
 import tempfile
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -30,6 +29,7 @@ import yaml
 from deviceplugin import __version__
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.jsonobject import JsonObject, json_object
+from deviceplugin.model.record import record
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CONNECT_SECONDS = 10.0
@@ -45,7 +45,7 @@ class ApiError(DevicePluginError):
         super().__init__(message)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Credentials:
     """Where the API server is and how to prove who we are."""
 

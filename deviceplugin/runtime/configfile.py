@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from deviceplugin.model.config import ParsedConfig
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 from deviceplugin.node.configread import read_text
 from deviceplugin.ops.metrics import SharedMetrics
 from deviceplugin.runtime.offloop import OffLoop
@@ -42,7 +42,7 @@ CONFIG_STEP_SECONDS = 10.0  # the most reading, parsing or planning from the con
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Content:
     """What the config file holds: its text, or None when there is no config file (defaults)."""
 

@@ -8,10 +8,11 @@ Every type is frozen and keyword-only; `command` names the command it is for.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import ClassVar
 
+from deviceplugin.model.record import record
 from deviceplugin.model.slices import DEFAULT_TAINT, TaintEffect
 from deviceplugin.ops.logs import LogFormat
 
@@ -21,7 +22,7 @@ DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class EngineOptions:
     """The config file, the simulated node, the health settings and the config overrides."""
 
@@ -33,7 +34,7 @@ class EngineOptions:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class NodeOptions:
     """What following the own Node takes: named configs chosen by its label, GPU labels."""
 
@@ -45,7 +46,7 @@ class NodeOptions:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class CommandOptions:
     """What every command takes."""
 
@@ -53,7 +54,7 @@ class CommandOptions:
     log_format: LogFormat = "text"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class DaemonOptions(CommandOptions, EngineOptions):
     """What both daemons take: the engine's options (a daemon's options are the options of its
     engine), HTTP, the CDI spec directory, and the own Node's API access for named configs."""
@@ -82,7 +83,7 @@ class DaemonOptions(CommandOptions, EngineOptions):
         return False
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class ServeOptions(DaemonOptions):
     """`serve`: the device plugin."""
 
@@ -100,7 +101,7 @@ class ServeOptions(DaemonOptions):
         return self.config_dir is not None or self.gpu_labels
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class DraServeOptions(DaemonOptions):
     """`dra serve`: the DRA driver."""
 
@@ -110,7 +111,7 @@ class DraServeOptions(DaemonOptions):
     unhealthy_taint: TaintEffect | None = DEFAULT_TAINT  # None: off
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class DryRunOptions(CommandOptions):
     """What a command that works out what `serve` would do takes: its config and node."""
 
@@ -120,7 +121,7 @@ class DryRunOptions(CommandOptions):
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class InspectOptions(DryRunOptions):
     """`inspect`: what `serve` would advertise here, or what a running one does (`source`)."""
 
@@ -131,7 +132,7 @@ class InspectOptions(DryRunOptions):
     source: str | None = None  # --from URL
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class CdiSpecOptions(DryRunOptions):
     """`cdi-spec`: the CDI spec `serve` would write."""
 
@@ -139,7 +140,7 @@ class CdiSpecOptions(DryRunOptions):
     output: str = "json"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class ValidateConfigOptions(CommandOptions):
     """`validate-config FILE`."""
 
@@ -147,7 +148,7 @@ class ValidateConfigOptions(CommandOptions):
     path: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class SimRootOptions(CommandOptions):
     """`sim-root NODE DIR`."""
 
@@ -156,7 +157,7 @@ class SimRootOptions(CommandOptions):
     directory: str
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class ExplainOptions(CommandOptions):
     """`dra explain`: which devices DeviceClass selectors match, and a claim's devices."""
 
@@ -173,14 +174,14 @@ class ExplainOptions(CommandOptions):
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class DemoOptions(CommandOptions):
     """`demo`: serve on a simulated node against a kubelet emulator."""
 
     command: ClassVar[str] = "demo"
 
 
-@dataclass(frozen=True, kw_only=True)
+@record(frozen=True, kw_only=True)
 class DraDemoOptions(CommandOptions):
     """`dra demo`: dra serve on a simulated node against emulators."""
 

@@ -32,11 +32,11 @@ import select
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 from deviceplugin.node.inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, add_watch, open_inotify
 from deviceplugin.sim.structs import error_code
 
@@ -50,7 +50,7 @@ _BOOLEANS = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SimEvent:
     """One parsed line; None fields are not mentioned by the line."""
 

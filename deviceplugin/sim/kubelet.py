@@ -15,7 +15,7 @@ import contextlib
 import stat
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +23,13 @@ import grpc
 
 from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.model.kubenames import is_extended_resource_name
+from deviceplugin.model.record import record
 from deviceplugin.node.unixgrpc import close_unix, listen_unix
 
 SUPPORTED_VERSIONS = ("v1beta1",)
 
 
-@dataclass
+@record
 class SeenDevice:
     """A device as the kubelet last saw it in ListAndWatch."""
 
@@ -41,7 +42,7 @@ class SeenDevice:
         return self.health == "Healthy"
 
 
-@dataclass
+@record
 class Endpoint:
     """One registration: where the plugin serves, and what its stream reported."""
 
@@ -56,7 +57,7 @@ class Endpoint:
     stream: asyncio.Task[None] | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Registration:
     """One Register call as the kubelet received it."""
 

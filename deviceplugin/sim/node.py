@@ -21,20 +21,20 @@ the field, e.g. `gpus[2].migDevices[0].profile`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.record import record
 from deviceplugin.sim.profiles import MigShape, resolve
 
 PRESETS_DIR = Path(__file__).parent / "presets"
 DEFAULT_SUPPORTED_EVENTS = 0x1 | 0x2 | 0x4 | 0x8 | 0x10
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SimMig:
     """One MIG device: its identity and the NVML attributes its profile implies."""
 
@@ -45,7 +45,7 @@ class SimMig:
     profile: str
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SimGpu:
     """One simulated GPU."""
 
@@ -68,7 +68,7 @@ class SimGpu:
     not_supported: frozenset[str]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Node:
     """Everything NVML would report on one machine."""
 

@@ -31,7 +31,7 @@ import contextlib
 import os
 import stat
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -48,6 +48,7 @@ from deviceplugin.dra.v1 import api_pb2 as v1
 from deviceplugin.dra.v1 import api_pb2_grpc as v1_grpc
 from deviceplugin.dra.v1beta1 import api_pb2 as v1beta1
 from deviceplugin.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from deviceplugin.model.record import record
 
 REGISTRY_DIR = "plugins_registry"
 DRA_TYPE = "DRAPlugin"
@@ -72,7 +73,7 @@ RETRY_SECONDS = 1.0  # the plugin manager's reconciler retries a failed registra
 ClaimTriple = tuple[str, str, str]  # namespace, name, uid
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SeenHealth:
     """A device's health as the kubelet last heard it."""
 
@@ -82,7 +83,7 @@ class SeenHealth:
     at: float  # loop time of the report
 
 
-@dataclass
+@record
 class Plugin:
     """A registered DRA plugin."""
 
@@ -98,7 +99,7 @@ class Plugin:
     health_task: asyncio.Task[None] | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Attempt:
     """One registration attempt as the kubelet made it."""
 
@@ -109,14 +110,14 @@ class Attempt:
     versions: tuple[str, ...] = ()
 
 
-@dataclass
+@record
 class _Seen:
     identity: tuple[int, int]  # inode and change time: a socket made anew differs in either
     name: str = ""  # registered under this driver name; "" after a failed attempt
     retry_at: float = 0.0
 
 
-@dataclass
+@record
 class PluginWatcher:
     """Start with `await start()`; `plugins` maps driver name to its registered plugin."""
 

@@ -10,7 +10,9 @@ other models a memory size that the 1/8-rounding rule maps back to the profile's
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
+from deviceplugin.model.record import record
 
 # NVML_GPU_INSTANCE_PROFILE_* enum by (GPU slices, suffix).
 _GI_ENUM = {
@@ -38,7 +40,7 @@ CI_ENUM = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
 _PROFILE = r"(?:(\d+)c\.)?(\d+)g\.(\d+)gb(\+me\.all|\+me|\+gfx|-me)?"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GiProfile:
     """One GPU-instance profile of a model: enum, driver id, size and engines."""
 
@@ -52,7 +54,7 @@ class GiProfile:
     ofas: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MigShape:
     """What NVML reports about one MIG device (GPU instance + compute instance)."""
 

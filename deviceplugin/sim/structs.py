@@ -9,8 +9,10 @@ ctypes char array is). Handles are small immutable values, equal when they name 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
+
+from deviceplugin.model.record import record
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -243,7 +245,7 @@ def error_code(name: str) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PciInfo:
     """nvmlPciInfo_t."""
 
@@ -257,7 +259,7 @@ class PciInfo:
         return self.busId[4:]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Memory:
     """c_nvmlMemory_t, in bytes."""
 
@@ -266,7 +268,7 @@ class Memory:
     used: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceAttributes:
     """c_nvmlDeviceAttributes of a MIG device."""
 
@@ -281,7 +283,7 @@ class DeviceAttributes:
     memorySizeMB: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuInstanceProfileInfo:
     """c_nvmlGpuInstanceProfileInfo_v2_t: `id` is the driver's profile id, not the enum."""
 
@@ -295,7 +297,7 @@ class GpuInstanceProfileInfo:
     memorySizeMB: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuInstanceInfo:
     """c_nvmlGpuInstanceInfo_t."""
 
@@ -304,7 +306,7 @@ class GpuInstanceInfo:
     profileId: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ComputeInstanceProfileInfo:
     """c_nvmlComputeInstanceProfileInfo_v2_t."""
 
@@ -314,7 +316,7 @@ class ComputeInstanceProfileInfo:
     multiprocessorCount: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ComputeInstanceInfo:
     """c_nvmlComputeInstanceInfo_t."""
 
@@ -324,7 +326,7 @@ class ComputeInstanceInfo:
     profileId: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EventData:
     """c_nvmlEventData_t: instance ids are 0xFFFFFFFF unless the event belongs to a MIG device."""
 
@@ -335,7 +337,7 @@ class EventData:
     computeInstanceId: int = 0xFFFFFFFF
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Value:
     """c_nvmlValue_t (the integer members the simulator fills)."""
 
@@ -343,7 +345,7 @@ class Value:
     ullVal: int = 0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FieldValue:
     """c_nvmlFieldValue_t."""
 
@@ -354,7 +356,7 @@ class FieldValue:
     scopeId: int = 0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceHandle:
     """nvmlDevice_t: a GPU (mig_uuid None) or one of its MIG devices."""
 
@@ -362,7 +364,7 @@ class DeviceHandle:
     mig_uuid: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuInstanceHandle:
     """nvmlGpuInstance_t."""
 
@@ -370,7 +372,7 @@ class GpuInstanceHandle:
     gpu_instance_id: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ComputeInstanceHandle:
     """nvmlComputeInstance_t."""
 

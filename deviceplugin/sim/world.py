@@ -14,11 +14,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 from deviceplugin.sim import structs as s
 from deviceplugin.sim.events import EventFile, EventFileWatch, SimEvent
 from deviceplugin.sim.node import (
@@ -36,7 +37,7 @@ _NO_INSTANCE = 0xFFFFFFFF
 _XID_FALLEN_OFF_BUS = 79
 
 
-@dataclass(eq=False)
+@record(eq=False)
 class SimEventSet:
     """nvmlEventSet_t: what the set listens to and what it has not yet handed out."""
 
@@ -46,7 +47,7 @@ class SimEventSet:
     freed: bool = False
 
 
-@dataclass
+@record
 class GpuState:
     """What event lines have done to one GPU."""
 
