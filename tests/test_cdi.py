@@ -187,6 +187,19 @@ def test_a_laid_out_host_has_real_character_devices(host_root: Path) -> None:
     assert "gpu0/gi1/access 12\n" in text and "gpu0/gi1/ci0/access 13\n" in text
 
 
+def test_a_temporary_tree_lists_its_own_gpus_in_mig_minors(tmp_path: Path) -> None:
+    node = read_node(resolve_node_path(PRESET))
+    lay_out(node, tmp_path, every_instance=False)
+    text = (tmp_path / "proc/driver/nvidia-caps/mig-minors").read_text()
+    rows = dict(line.split() for line in text.splitlines())
+    whole = mig_minors_table()
+    assert {key.split("/")[0] for key in rows} == {"config", "monitor"} | {
+        f"gpu{gpu.minor}" for gpu in node.gpus
+    }
+    assert all(whole[key] == int(minor) for key, minor in rows.items())
+    assert len(rows) == 2 + len(node.gpus) * 15 * 9
+
+
 def test_the_scan_reads_majors_nodes_and_files(host_root: Path) -> None:
     inventory = inventory_of()
     root = str(host_root)

@@ -192,3 +192,15 @@ def test_equal_values_equal_records(name: str, size: int, tags: list[str]) -> No
     assert hash(ours) == hash(theirs)
     assert ours == RECORD["Frozen"](name, size, tuple(tags))
     assert ours != RECORD["Frozen"](name + "x", size, tuple(tags))
+
+
+def test_a_class_without_a_docstring_gets_its_fields_as_one() -> None:
+    @record
+    class Bare:
+        first: int
+        second: str = ""
+
+    assert (
+        Bare.__doc__
+        == "test_a_class_without_a_docstring_gets_its_fields_as_one.<locals>.Bare(first, second)"
+    )

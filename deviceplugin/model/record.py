@@ -44,6 +44,7 @@ class _Table:
         "compared",
         "defaults",
         "hashed",
+        "keyword_only",
         "later",
         "name",
         "names",
@@ -62,6 +63,7 @@ class _Table:
         self.name = cls.__qualname__
         self.names = tuple(f.name for f in init)
         self.positional = tuple(f.name for f in positional)
+        self.keyword_only = len(positional) < len(init)
         self.accepted = {f.name for f in init}
         self.defaults = tuple(_default(f) for f in init if _has_default(f))
         self.later = tuple(_default(f) for f in fields if not f.init and _has_default(f))
@@ -88,7 +90,20 @@ def _table(obj: object) -> _Table:
 
 
 def _init(self: object, *args: Any, **kwargs: Any) -> None:
-    table = _table(self)
+    table: _Table = type(self).__record_table__  # type: ignore[attr-defined]
+    if kwargs or len(args) != len(table.positional) or table.keyword_only:
+        values = _arguments(table, args, kwargs)
+    else:  # every field given, in order: the common case, with nothing to check
+        values = dict(zip(table.positional, args, strict=True))
+    for name, default, factory in table.later:
+        values[name] = default if factory is _MISSING else factory()
+    self.__dict__.update(values)
+    if table.post_init:
+        self.__post_init__()  # type: ignore[attr-defined]
+
+
+def _arguments(table: _Table, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Each init field's value from the arguments or its default, or Python's own TypeError."""
     if len(args) > len(table.positional):
         raise TypeError(_too_many(table, len(args)))
     values = dict(zip(table.positional, args, strict=False))  # fewer args than positions
@@ -102,14 +117,9 @@ def _init(self: object, *args: Any, **kwargs: Any) -> None:
         for name, default, factory in table.defaults:
             if name not in values:
                 values[name] = default if factory is _MISSING else factory()
-        missing = [name for name in table.names if name not in values]
-        if missing:
-            raise TypeError(_missing(table, missing))
-    for name, default, factory in table.later:
-        values[name] = default if factory is _MISSING else factory()
-    self.__dict__.update(values)
-    if table.post_init:
-        self.__post_init__()  # type: ignore[attr-defined]
+        if len(values) < len(table.accepted):
+            raise TypeError(_missing(table, [name for name in table.names if name not in values]))
+    return values
 
 
 def _too_many(table: _Table, given: int) -> str:
@@ -162,6 +172,8 @@ def _frozen_delattr(self: object, name: str) -> None:
 def _build(cls: type[_T], frozen: bool, kw_only: bool, eq: bool) -> type[_T]:
     own = cls.__dict__
     explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
+    if not cls.__doc__:  # else dataclasses works one out with inspect.signature, a slow call
+        cls.__doc__ = f"{cls.__qualname__}({', '.join(own.get('__annotations__', ()))})"
     # The field table only: no method is generated, so nothing is compiled.
     dataclasses.dataclass(cls, init=False, repr=False, eq=False, kw_only=kw_only)
     cls.__record_table__ = _Table(cls)  # type: ignore[attr-defined]

@@ -15,7 +15,6 @@ import contextlib
 import errno
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +56,8 @@ class SpecWriter:
             raise NotADirectoryError(
                 errno.ENOTDIR, f"{self.path.parent} is not a directory", str(self.path.parent)
             ) from None
+        import tempfile  # loaded when a spec is written, not by every start-up
+
         fd, temp = tempfile.mkstemp(
             dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
         )

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -62,6 +60,8 @@ class SimulatedHost:
         return {DRIVER_ROOT_OVERRIDE: self.root} if self.temporary else {}
 
     def close(self) -> None:
+        import shutil  # loaded only when simulating
+
         if self.temporary:
             shutil.rmtree(self.root, ignore_errors=True)
         if self._proc is not None:
@@ -126,6 +126,9 @@ def open_host_config(
 
 def _made(fill: Callable[[Path], object]) -> str:
     """A new temp dir filled by `fill`, removed again if that fails."""
+    import shutil  # both loaded only when simulating
+    import tempfile
+
     directory = tempfile.mkdtemp(prefix="dp-simhost-")
     try:
         fill(Path(directory))

@@ -18,21 +18,17 @@ the node; `serve --simulate` lays out a tree (without the library) in a temp dir
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import shutil
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from deviceplugin.model.hostpaths import (
     MIG_MINORS,
     capability_node,
-    compute_instance_key,
-    gpu_instance_key,
 )
 from deviceplugin.node.discovery import sysfs_bus_id
 from deviceplugin.sim.node import Node
-from deviceplugin.sim.nodejson import render
 
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 510  # dynamic on a real host; /proc/devices says which
@@ -61,22 +57,27 @@ def gpu_instance_minor(gpu: int, gpu_instance: int) -> int:
     return 3 + 135 * gpu + 9 * gpu_instance
 
 
-def mig_minors_table() -> dict[str, int]:
-    """The whole mig-minors table the kernel module writes at load, in its order."""
-    return dict(_mig_minors_table())
-
-
-@functools.cache
-def _mig_minors_table() -> dict[str, int]:
-    """Built once per process (4,322 entries): a lay-out reads it twice."""
-    table = {"config": 1, "monitor": 2}
-    for gpu in range(TABLE_GPUS):
-        for gi in range(TABLE_GPU_INSTANCES):
-            access = gpu_instance_minor(gpu, gi)
-            table[f"gpu{gpu}/gi{gi}/access"] = access
-            for ci in range(TABLE_COMPUTE_INSTANCES):
-                table[f"gpu{gpu}/gi{gi}/ci{ci}/access"] = access + 1 + ci
+def mig_minors_table(gpus: Iterable[int] = range(TABLE_GPUS)) -> dict[str, int]:
+    """The mig-minors table the kernel module writes at load, in its order: the whole of it, or
+    the rows of `gpus` only (those the table covers)."""
+    table = dict(_CONTROL_MINORS)
+    for gpu in gpus:
+        if 0 <= gpu < TABLE_GPUS:
+            table.update(_gpu_minors(gpu))
     return table
+
+
+_CONTROL_MINORS = {"config": 1, "monitor": 2}
+
+
+def _gpu_minors(gpu: int) -> dict[str, int]:
+    rows = {}
+    for gi in range(TABLE_GPU_INSTANCES):
+        access = gpu_instance_minor(gpu, gi)
+        rows[f"gpu{gpu}/gi{gi}/access"] = access
+        for ci in range(TABLE_COMPUTE_INSTANCES):
+            rows[f"gpu{gpu}/gi{gi}/ci{ci}/access"] = access + 1 + ci
+    return rows
 
 
 def capability_files(node: Node) -> dict[str, int]:
@@ -115,30 +116,25 @@ def device_nodes(node: Node, every_instance: bool = True) -> dict[str, tuple[int
     so a MIG re-cut finds its nodes too (over a thousand on eight GPUs); otherwise only those
     of the MIG devices the node has now."""
     nodes = dict(CONTROL_NODES)
-    table = _mig_minors_table()
     for gpu in node.gpus:
         nodes[f"/dev/nvidia{gpu.minor}"] = (NVIDIA_MAJOR, gpu.minor)
         if every_instance:
-            wanted = [minor for key, minor in table.items() if key.startswith(f"gpu{gpu.minor}/")]
+            wanted = list(_gpu_minors(gpu.minor).values()) if gpu.minor < TABLE_GPUS else []
         else:
-            wanted = [
-                table[key]
-                for mig in gpu.mig_devices
-                for key in (
-                    gpu_instance_key(gpu.minor, mig.gpu_instance_id),
-                    compute_instance_key(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id),
-                )
-            ]
+            wanted = []
+            for mig in gpu.mig_devices:
+                access = gpu_instance_minor(gpu.minor, mig.gpu_instance_id)
+                wanted += [access, access + 1 + mig.compute_instance_id]
         nodes.update({capability_node(minor): (CAPS_MAJOR, minor) for minor in wanted})
-    for key in ("config", "monitor"):
-        nodes[capability_node(table[key])] = (CAPS_MAJOR, table[key])
+    for minor in _CONTROL_MINORS.values():
+        nodes[capability_node(minor)] = (CAPS_MAJOR, minor)
     return nodes
 
 
-def lay_out_proc(proc: Path) -> None:
-    """The kernel module's files under `proc`: the whole mig-minors table and the character
-    majors of `devices`."""
-    table = "".join(f"{key} {minor}\n" for key, minor in _mig_minors_table().items())
+def lay_out_proc(proc: Path, gpus: Iterable[int] = range(TABLE_GPUS)) -> None:
+    """The kernel module's files under `proc`: the mig-minors table (the whole of it, or the
+    rows of `gpus`) and the character majors of `devices`."""
+    table = "".join(f"{key} {minor}\n" for key, minor in mig_minors_table(gpus).items())
     _write(proc / MIG_MINORS, table.encode())
     _write(proc / "devices", proc_devices_text().encode())
 
@@ -147,9 +143,10 @@ def lay_out(node: Node, root: Path, every_instance: bool = True) -> bool:
     """Write the host tree of `node` under `root` (created if missing; files already there are
     replaced). True when the device nodes are real character devices. `every_instance` as in
     `device_nodes`: creating a node costs about half a millisecond here, so the temporary tree
-    of `serve --simulate` makes only the ones in use."""
+    of `serve --simulate` makes only the ones in use, and lists only its GPUs in mig-minors."""
     version = node.driver_version
-    lay_out_proc(root / "proc")
+    gpus = range(TABLE_GPUS) if every_instance else [gpu.minor for gpu in node.gpus]
+    lay_out_proc(root / "proc", gpus)
     real = os.geteuid() == 0
     for path, (major, minor) in device_nodes(node, every_instance).items():
         real = _device(root / path.lstrip("/"), major, minor, real)
@@ -174,6 +171,10 @@ def install_library(node: Node, root: Path, library: Path) -> None:
     it, the events file it reads (created empty when missing), each GPU's sysfs `numa_node`
     and the capability files of its MIG devices. A copy, not a link: the
     dynamic loader treats two roots' copies as two libraries, each finding its own node."""
+    import shutil  # `sim-root` installs the library; `serve --simulate` does not
+
+    from deviceplugin.sim.nodejson import render
+
     target = root / LIBRARY_DIR / f"libnvidia-ml.so.{node.driver_version}"
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = target.with_name(f".{target.name}.new")

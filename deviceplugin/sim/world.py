@@ -116,7 +116,10 @@ class World:
     # --- lookups ------------------------------------------------------------------------------
 
     def state(self, gpu_uuid: str) -> GpuState:
-        return self._states.setdefault(gpu_uuid, GpuState())
+        state = self._states.get(gpu_uuid)
+        if state is None:  # made once: every NVML call of the simulator asks
+            state = self._states[gpu_uuid] = GpuState()
+        return state
 
     def owner(self, uuid: str) -> tuple[SimGpu, SimMig | None] | None:
         """The GPU with this UUID, or the GPU and MIG device for a MIG UUID."""
