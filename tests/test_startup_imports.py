@@ -9,15 +9,19 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from draplugin import DRIVER, published, short_dir, start_serve
 from harness import GPU, run
 
 from deviceplugin.cli import SERVE_ENV_VARS
+from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.sim.pluginwatcher import PluginWatcher
 
 PRESET = "a100-80gb-x8-mixed"
 # What `serve` never needs on its default flags: the DRA driver and its Kubernetes client and
@@ -122,3 +126,36 @@ def test_a_real_node_loads_no_simulator(tmp_path: Path) -> None:
     imports = run(_imports_of_serve(tmp_path, "--fail-on-init-error", "false", registered=()))
     assert "pynvml" in imports
     assert _loaded(imports, ("deviceplugin.sim", *HEAVY)) == []
+
+
+def test_dra_serve_loads_no_pydantic_until_a_claim_carries_parameters() -> None:
+    """`dra serve` publishes and registers without pydantic: only a claim with opaque parameters
+    of this driver needs its models (`dra/opaqueschema.py`)."""
+
+    async def body() -> set[str]:
+        root = short_dir()
+        server = ApiServer()
+        await server.start()
+        watcher = PluginWatcher(root / "kubelet")
+        await watcher.start()
+        serve = await start_serve(root, server.url, root / "kubelet", PYTHONPROFILEIMPORTTIME="1")
+        assert serve.stderr is not None
+        stderr = asyncio.create_task(serve.stderr.read())  # drained as it comes: ~100 KB
+        try:
+            await watcher.wait_registered(DRIVER, 30)
+            assert published(server)
+            serve.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(serve.wait(), 10) == 0
+            lines = (await stderr).decode(errors="replace").splitlines()
+        finally:
+            if serve.returncode is None:
+                serve.kill()
+                await serve.wait()
+            await watcher.stop()
+            await server.stop()
+            shutil.rmtree(root, ignore_errors=True)
+        return {m.group(1) for line in lines if (m := _IMPORTED.match(line))}
+
+    imports = run(body())
+    assert {"deviceplugin.dra.driver", "deviceplugin.dra.opaque"} <= imports
+    assert _loaded(imports, ("pydantic", "deviceplugin.dra.opaqueschema")) == []

@@ -32,8 +32,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.record import record
 
@@ -66,50 +64,7 @@ class DeviceSettings:
 
 
 EXCLUSIVE = DeviceSettings()
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class _TimeSlicingConfig(_Model):
-    interval: Interval = "Default"
-
-
-class _Sharing(_Model):
-    strategy: str
-
-    @field_validator("strategy")
-    @classmethod
-    def _time_slicing(cls, value: str) -> str:
-        if value == "MPS":
-            raise ValueError("MPS is not supported by this driver; the one strategy is TimeSlicing")
-        if value != TIME_SLICING:
-            raise ValueError(f"must be 'TimeSlicing', got {value!r}")
-        return value
-
-
-class _GpuSharing(_Sharing):
-    time_slicing_config: _TimeSlicingConfig | None = Field(default=None, alias="timeSlicingConfig")
-
-
-class _GpuConfig(_Model):
-    api_version: str = Field(alias="apiVersion")
-    kind: Literal["GpuConfig"]
-    sharing: _GpuSharing | None = None
-
-
-class _MigDeviceConfig(_Model):
-    api_version: str = Field(alias="apiVersion")
-    kind: Literal["MigDeviceConfig"]
-    sharing: _Sharing | None = None
-
-
-_TYPES = {"string_type": "a string", "model_type": "a mapping", "dict_type": "a mapping"}
-_KINDS: dict[str, type[_GpuConfig] | type[_MigDeviceConfig]] = {
-    "GpuConfig": _GpuConfig,
-    "MigDeviceConfig": _MigDeviceConfig,
-}
+KINDS = ("GpuConfig", "MigDeviceConfig")
 
 
 @record(frozen=True)
@@ -176,33 +131,18 @@ def _parse(parameters: object, path: str) -> tuple[str, DeviceSettings]:
             f"must be {API_VERSION} (or NVIDIA's {NVIDIA_API_VERSION}), got {version!r}",
         )
     kind = parameters.get("kind")
-    model = _KINDS.get(kind) if isinstance(kind, str) else None
-    if model is None:
+    if kind not in KINDS:
         raise OpaqueConfigError(
             f"{path}.kind", f"must be GpuConfig or MigDeviceConfig, got {kind!r}"
         )
-    try:
-        parsed = model.model_validate(parameters, strict=True)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if first["type"] == "literal_error":
-            expected = (first.get("ctx") or {}).get("expected")
-            message = f"must be {expected}, got {first.get('input')!r}"
-        elif first["type"] == "extra_forbidden":
-            message = "is not a field of this API"
-        elif first["type"] in _TYPES:
-            message = f"must be {_TYPES[first['type']]}, got {first.get('input')!r}"
-        raise OpaqueConfigError(f"{path}{where}", message) from None
+    # pydantic and the models load with the first claim that carries parameters of ours
+    from deviceplugin.dra.opaqueschema import sharing_of
+
+    shared, interval = sharing_of(kind, parameters, path)
     origin = path.removesuffix(".opaque.parameters")
-    if parsed.sharing is None:
-        return parsed.kind, DeviceSettings(origin=origin)
-    interval = ""
-    if isinstance(parsed, _GpuConfig):
-        slicing = parsed.sharing.time_slicing_config
-        interval = slicing.interval if slicing is not None else "Default"
-    return parsed.kind, DeviceSettings(TIME_SLICING, interval, origin)
+    if not shared:
+        return kind, DeviceSettings(origin=origin)
+    return kind, DeviceSettings(TIME_SLICING, interval, origin)
 
 
 def device_env(device: str, settings: DeviceSettings, admin: bool, share: str) -> list[str]:
