@@ -44,7 +44,6 @@ class _Table:
         "compared",
         "defaults",
         "hashed",
-        "keyword_only",
         "later",
         "name",
         "names",
@@ -63,7 +62,6 @@ class _Table:
         self.name = cls.__qualname__
         self.names = tuple(f.name for f in init)
         self.positional = tuple(f.name for f in positional)
-        self.keyword_only = len(positional) < len(init)
         self.accepted = {f.name for f in init}
         self.defaults = tuple(_default(f) for f in init if _has_default(f))
         self.later = tuple(_default(f) for f in fields if not f.init and _has_default(f))
@@ -91,10 +89,19 @@ def _table(obj: object) -> _Table:
 
 def _init(self: object, *args: Any, **kwargs: Any) -> None:
     table: _Table = type(self).__record_table__  # type: ignore[attr-defined]
-    if kwargs or len(args) != len(table.positional) or table.keyword_only:
-        values = _arguments(table, args, kwargs)
-    else:  # every field given, in order: the common case, with nothing to check
-        values = dict(zip(table.positional, args, strict=True))
+    if len(args) > len(table.positional):
+        raise TypeError(_too_many(table, len(args)))
+    values = dict(zip(table.positional, args, strict=False))  # fewer args than positions
+    if kwargs:
+        if not kwargs.keys() <= table.accepted or kwargs.keys() & values.keys():
+            raise TypeError(_wrong_keyword(table, values, kwargs))
+        values.update(kwargs)
+    if len(values) < len(table.accepted):
+        for name, default, factory in table.defaults:
+            if name not in values:
+                values[name] = default if factory is _MISSING else factory()
+        if len(values) < len(table.accepted):
+            raise TypeError(_missing(table, [name for name in table.names if name not in values]))
     for name, default, factory in table.later:
         values[name] = default if factory is _MISSING else factory()
     self.__dict__.update(values)
@@ -102,24 +109,14 @@ def _init(self: object, *args: Any, **kwargs: Any) -> None:
         self.__post_init__()  # type: ignore[attr-defined]
 
 
-def _arguments(table: _Table, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Each init field's value from the arguments or its default, or Python's own TypeError."""
-    if len(args) > len(table.positional):
-        raise TypeError(_too_many(table, len(args)))
-    values = dict(zip(table.positional, args, strict=False))  # fewer args than positions
+def _wrong_keyword(table: _Table, given: dict[str, Any], kwargs: dict[str, Any]) -> str:
+    """Python's own words for the first keyword argument that is unknown or given twice."""
     for key in kwargs:
         if key not in table.accepted:
-            raise TypeError(f"{table.name}.__init__() got an unexpected keyword argument {key!r}")
-        if key in values:
-            raise TypeError(f"{table.name}.__init__() got multiple values for argument {key!r}")
-    values.update(kwargs)
-    if len(values) < len(table.accepted):
-        for name, default, factory in table.defaults:
-            if name not in values:
-                values[name] = default if factory is _MISSING else factory()
-        if len(values) < len(table.accepted):
-            raise TypeError(_missing(table, [name for name in table.names if name not in values]))
-    return values
+            return f"{table.name}.__init__() got an unexpected keyword argument {key!r}"
+        if key in given:
+            return f"{table.name}.__init__() got multiple values for argument {key!r}"
+    raise AssertionError("no wrong keyword among the arguments")
 
 
 def _too_many(table: _Table, given: int) -> str:
