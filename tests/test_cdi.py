@@ -508,6 +508,31 @@ def test_serve_simulates_without_a_writable_temp_dir(monkeypatch: Any) -> None:
     run(body())
 
 
+@pytest.mark.parametrize("memory", [True, False])
+def test_the_temporary_tree_is_laid_out_in_memory_where_there_is_some(
+    monkeypatch: Any, tmp_path: Path, memory: bool
+) -> None:
+    """/dev/shm first (a stand-in here), the temp dir when there is none; removed at stop."""
+    import tempfile
+
+    from deviceplugin.runtime import host
+
+    monkeypatch.setattr(host, "MEMORY_DIR", str(tmp_path if memory else tmp_path / "none"))
+
+    async def body() -> Path:
+        async with running_plugin() as plugin:
+            simulated = plugin.supervisor.engine.host
+            assert simulated is not None and simulated.temporary
+            root = Path(simulated.root)
+            assert (root / "proc/driver/nvidia-caps/mig-minors").is_file()
+            assert set(plugin.kubelet.resources()) == {GPU, MIG}
+            return root
+
+    root = run(body())
+    assert root.parent == (tmp_path if memory else Path(tempfile.gettempdir()))
+    assert root.name.startswith("dp-simhost-") and not root.exists()
+
+
 def test_a_driver_root_without_proc_gets_the_simulated_kernel_modules_files(
     tmp_path: Path,
 ) -> None:
