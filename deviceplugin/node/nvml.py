@@ -16,9 +16,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
 from functools import partial
+from types import TracebackType
 from typing import Any, TypeVar
 
 from deviceplugin.model.errors import GpuLostError, NvmlError
@@ -125,6 +125,26 @@ def _error(err: Exception, context: str) -> NvmlError:
     return NvmlError(message, code if isinstance(code, int) else None)
 
 
+class _Translated:
+    """The block of `Nvml.errors`: a plain context manager, as it wraps every NVML call (a
+    generator-based one costs several times as much to enter and leave)."""
+
+    __slots__ = ("_context", "_nvml_error")
+
+    def __init__(self, nvml_error: type[Exception], context: str) -> None:
+        self._nvml_error = nvml_error
+        self._context = context
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if err is not None and isinstance(err, self._nvml_error):
+            raise _error(err, self._context) from err
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -199,13 +219,9 @@ class Nvml:
     def module(self) -> NvmlModule:
         return self._nvml
 
-    @contextmanager
-    def errors(self, context: str) -> Iterator[None]:
+    def errors(self, context: str) -> _Translated:
         """Translate NVML errors raised inside the block; `context` says what was being done."""
-        try:
-            yield
-        except self._nvml.NVMLError as err:
-            raise _error(err, context) from err
+        return _Translated(self._nvml.NVMLError, context)
 
     def init(self) -> None:
         if getattr(self._nvml, "__name__", None) == "pynvml":  # the real module, not the fake
