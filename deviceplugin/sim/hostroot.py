@@ -11,8 +11,8 @@ container; opening one fails without the driver); otherwise they are empty plain
 `deviceplugin sim-root NODE DIR` writes such a tree, and with `install_library` the simulated
 `libnvidia-ml.so.<ver>` (`sim/native/`) in place of the placeholder, the node rendered for it
 beside it and an empty events file, so any NVML consumer given DIR as its driver root runs on
-the node; `serve --simulate` lays out a tree (without the library) in a temp dir unless
-`--nvidia-driver-root` names one.
+the node; `serve --simulate` lays out a tree (without the library) in a scratch dir, in
+/dev/shm where there is one, unless `--nvidia-driver-root` names one.
 """
 
 from __future__ import annotations
