@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
 import pynvml
 import pytest
 from simnode import BACKENDS, use_backend
+
+from deviceplugin.ops.logs import JsonFormatter, TextFormatter
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -18,6 +21,18 @@ def cdi_specs_off_the_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator
     os.environ["DP_CDI_SPEC_DIR"] = str(tmp_path_factory.mktemp("cdi"))
     yield
     del os.environ["DP_CDI_SPEC_DIR"]
+
+
+@pytest.fixture(autouse=True)
+def no_log_handler_outlives_its_test() -> Iterator[None]:
+    """A test that runs `main()` leaves the root logger writing to that test's captured stderr,
+    which pytest closes: a thread that logs later (a health monitor still starting) would fail
+    to write and print logging's traceback among other tests' output. Remove that handler."""
+    yield
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler.formatter, (TextFormatter, JsonFormatter)):
+            root.removeHandler(handler)
 
 
 @pytest.fixture(params=BACKENDS)
