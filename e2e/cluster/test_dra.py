@@ -195,8 +195,21 @@ def delete_and_wait_unprepared(uid: str, what: str) -> None:
 def start(manifest: Obj) -> str:
     apply(manifest)
     name = str(manifest["metadata"]["name"])
-    wait_until(f"pod {name} Running", lambda: pod_running(name), timeout=180)
+    try:
+        wait_until(f"pod {name} Running", lambda: pod_running(name), timeout=180)
+    except AssertionError as exc:  # say why: the pod's events, the claims and the slices
+        raise AssertionError(f"{exc}\n{_scheduling_state(name)}") from None
     return name
+
+
+def _scheduling_state(name: str) -> str:
+    """What the cluster says about a pod that did not start, for the failure message."""
+    parts = [
+        kubectl("describe", "pod", name, check=False),
+        kubectl("get", "resourceclaims", "-o", "wide", check=False),
+        kubectl("get", "resourceslices", "-o", "wide", check=False),
+    ]
+    return "\n".join(part.strip() for part in parts)
 
 
 def delete_dra_workloads() -> None:
