@@ -486,11 +486,14 @@ def test_serve_keeps_serving_without_a_cdi_strategy_and_writes_nothing() -> None
     run(body())
 
 
-def test_serve_simulates_without_a_writable_temp_dir(monkeypatch: Any) -> None:
+def test_serve_simulates_without_a_writable_temp_dir(monkeypatch: Any, tmp_path: Path) -> None:
     """A read-only root with no /tmp mount must not stop a simulated plugin: it serves with
     the real host's files instead of a laid-out tree, and says so."""
     import tempfile
 
+    from deviceplugin.runtime import host
+
+    monkeypatch.setattr(host, "MEMORY_DIR", str(tmp_path / "no-shm"))
     real_mkdtemp = tempfile.mkdtemp
 
     def read_only_tmp(*args: Any, **kwargs: Any) -> str:
@@ -525,6 +528,7 @@ def test_the_temporary_tree_is_laid_out_in_memory_where_there_is_some(
             assert simulated is not None and simulated.temporary
             root = Path(simulated.root)
             assert (root / "proc/driver/nvidia-caps/mig-minors").is_file()
+            assert stat.S_IMODE(root.stat().st_mode) == 0o700  # as tempfile.mkdtemp makes it
             assert set(plugin.kubelet.resources()) == {GPU, MIG}
             return root
 

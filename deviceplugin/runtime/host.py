@@ -6,6 +6,7 @@ and a simulated node's, so the node engine and every front-end run the same code
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 REAL_PROC_ROOT = "/proc"
 MEMORY_DIR = "/dev/shm"  # where a simulated host's temporary tree goes first
+SCRATCH_PREFIX = "dp-simhost-"
 DRIVER_ROOT_OVERRIDE = "nvidia_driver_root"
 
 
@@ -126,23 +128,38 @@ def open_host_config(
 
 
 def _made(fill: Callable[[Path], object]) -> str:
-    """A new temp dir filled by `fill`, removed again if that fails. In memory (/dev/shm) where
-    the node has it: the tree is scratch that lives as long as `serve`, and its hundred inodes
-    (device nodes, links, files) cost about 2 ms there against 6-36 ms on a disk's /tmp, most
-    of a simulated start-up's variance. Else in the temp dir ($TMPDIR, /tmp, ...)."""
-    import shutil  # both loaded only when simulating
-    import tempfile
-
+    """A new private dir filled by `fill`, removed again if that fails. In memory (/dev/shm)
+    where the node has it: the tree is scratch that lives as long as `serve`, and its hundred
+    inodes (device nodes, links, files) cost about 2 ms there against 6-36 ms on a disk's /tmp,
+    most of a simulated start-up's variance. Else in the temp dir ($TMPDIR, /tmp, ...)."""
     try:
-        directory = tempfile.mkdtemp(prefix="dp-simhost-", dir=MEMORY_DIR)
+        directory = _private_dir(MEMORY_DIR)
     except OSError:  # no /dev/shm here, or not writable
-        directory = tempfile.mkdtemp(prefix="dp-simhost-")
+        import tempfile
+
+        directory = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
     try:
         fill(Path(directory))
     except BaseException:
+        import shutil
+
         shutil.rmtree(directory, ignore_errors=True)
         raise
     return directory
+
+
+def _private_dir(parent: str) -> str:
+    """A new dir under `parent` that only we can enter, named as `tempfile.mkdtemp` names
+    one: tempfile and shutil, with the random and compression modules they load, cost a
+    simulated start-up 2 ms, more than laying out the tree."""
+    for _ in range(100):
+        path = os.path.join(parent, SCRATCH_PREFIX + os.urandom(6).hex())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return os.path.abspath(path)
+    raise FileExistsError(errno.EEXIST, "no unused name left", parent)
 
 
 def proc_root(host: SimulatedHost | None) -> str:
