@@ -118,7 +118,7 @@ class EventFile:
     """Reads the lines appended to one file since the reader started."""
 
     def __init__(self, path: Path) -> None:
-        self._path = path
+        self._path = os.fspath(path)  # a str: it is stat'ed at every simulated NVML call
         self._offset = self._size()
         self._partial = b""
 
@@ -128,11 +128,15 @@ class EventFile:
         except OSError:
             return 0
 
+    def changed(self) -> bool:
+        """Whether the file was written (or cut short) since the last read: one stat."""
+        return self._size() != self._offset
+
     def read(self) -> list[SimEvent]:
         """The events in complete lines appended since the last read."""
         size = self._size()
         if size < self._offset:
-            log_event(logger, "sim.event.truncated", logging.WARNING, path=str(self._path))
+            log_event(logger, "sim.event.truncated", logging.WARNING, path=self._path)
             self._offset, self._partial = 0, b""
         if size == self._offset:
             return []

@@ -96,10 +96,10 @@ class FakeNvml:
         return gpu, mig
 
     def _find_gpu(self, uuid: str) -> SimGpu:
-        for gpu in self._world.node.gpus:
-            if gpu.uuid == uuid:
-                return gpu
-        raise s.NVMLError_NotFound()
+        gpu = self._world.gpus.get(uuid)
+        if gpu is None:
+            raise s.NVMLError_NotFound()
+        return gpu
 
     # --- library and system -------------------------------------------------------------------
 

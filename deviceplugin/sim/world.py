@@ -66,7 +66,7 @@ class World:
         self._calls = frozenset(calls)
         self._path = resolve_node_path(node)
         self._stamp = self._file_stamp()
-        self.node = self._read(read_node_once)  # the host files' read of it, when unchanged
+        self._use(self._read(read_node_once))  # the host files' read of it, when unchanged
         self._events = EventFile(Path(events_path)) if events_path else None
         self._watch = EventFileWatch(Path(events_path)) if events_path else None
         self._states: dict[str, GpuState] = {}
@@ -83,6 +83,10 @@ class World:
                 raise ConfigError(path, f"no NVML call named {', '.join(unknown)}")
         return node
 
+    def _use(self, node: Node) -> None:
+        self.node = node
+        self.gpus = {gpu.uuid: gpu for gpu in node.gpus}  # by UUID: every NVML call looks one up
+
     def _file_stamp(self) -> tuple[int, int]:
         try:
             stat = self._path.stat()
@@ -94,7 +98,8 @@ class World:
         """Re-read the node file now; raises ConfigError when it is invalid."""
         with self.lock:
             stamp = self._file_stamp()
-            self.node, self._stamp = self._read(), stamp
+            self._use(self._read())
+            self._stamp = stamp
 
     def reload_if_changed(self) -> None:
         """Re-read the node file if it changed; an invalid one is logged and the old kept."""
@@ -143,10 +148,11 @@ class World:
 
     def pump(self) -> None:
         """Apply the lines appended to the events file since the last call."""
-        if self._events is None:
+        events = self._events
+        if events is None or not events.changed():  # the common case, once per NVML call
             return
         with self.lock:
-            for event in self._events.read():
+            for event in events.read():
                 self._apply(event)
 
     def watch_events(self) -> None:
