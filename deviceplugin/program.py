@@ -1,4 +1,5 @@
-"""Command-line entry point: parse, set up logging, run the command, map errors to exit codes.
+"""The program behind the command line (`__main__`): parse, set up logging, run the command, map
+errors to exit codes.
 
 This is the one place that decides how the process ends: 0 on a clean stop, 1 on an
 unexpected internal error (or NVML unavailable with failOnInitError), 2 on bad usage or an
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from collections.abc import Sequence
 
 from deviceplugin.cli import SERVE_ENV_VARS, parse_options
@@ -72,8 +72,8 @@ EXTRAS = {
 }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    settings = parse_options(sys.argv[1:] if argv is None else argv, os.environ)
+def main(argv: Sequence[str]) -> int:
+    settings = parse_options(argv, os.environ)
     configure(settings.log_format)
     try:
         return _run(settings)
@@ -110,7 +110,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:
         logger.exception("internal.error")
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

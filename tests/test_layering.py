@@ -9,7 +9,7 @@ layer is the directory it sits in, with no exceptions:
   other, nor `explain`;
 - `explain` (`dra explain` and its API and scheduler emulation) imports no daemon;
 - `sim` imports `model`, `node` and the generated wire stubs of the APIs it emulates;
-- only the top-level modules (`__main__`, `cli`, `commands`) compose them all;
+- only the top-level modules (`__main__`, `program`, `cli`, `commands`) compose them all;
 - exactly one module imports pynvml, and nothing below `__main__` calls sys.exit.
 """
 

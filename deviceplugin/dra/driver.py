@@ -115,7 +115,7 @@ class DraDriver:
         self.engine.config_file.path = path
 
     async def start(self) -> None:
-        """Raises ConfigError / DiscoveryError / NvmlError, which `__main__` maps to exit codes."""
+        """Raises ConfigError / DiscoveryError / NvmlError, which `program` maps to exit codes."""
         settings, engine = self.settings, self.engine
         failpoints = Failpoints.from_env(settings.env)
         self._plugin_watcher = self.registration.socket.parent.is_dir()

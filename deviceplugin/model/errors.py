@@ -9,7 +9,7 @@
     ├── RegistrationError             the kubelet refused or could not be reached
     └── PodResourcesError             the kubelet's pod-resources API did not answer List
 
-Only `__main__` decides what an error means for the process (exit code, idle, retry), and only
+Only `program` decides what an error means for the process (exit code, idle, retry), and only
 `server.py` turns errors into gRPC status codes.
 """
 

@@ -31,7 +31,7 @@ FETCH_TIMEOUT_SECONDS = 3.0
 
 def inspect(settings: InspectOptions) -> int:
     """Print the document; 0 on success, 1 when `--from` cannot be read. ConfigError,
-    DiscoveryError and (with failOnInitError) NvmlError propagate to `__main__`."""
+    DiscoveryError and (with failOnInitError) NvmlError propagate to `program`."""
     if settings.source:
         try:
             document = fetch_status(settings.source)

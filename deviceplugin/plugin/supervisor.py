@@ -67,7 +67,7 @@ class Supervisor:
 
     async def start(self) -> None:
         """Load config, discover, serve and register. Raises ConfigError / DiscoveryError /
-        NvmlError for start-up failures that `__main__` turns into exit codes."""
+        NvmlError for start-up failures that `program` turns into exit codes."""
         engine = self.engine
         parsed, text = await engine.open_config()
         if engine.host is not None:  # Allocate and the CDI spec read the simulated host's files

@@ -4,7 +4,8 @@ In this order: the HTTP endpoints listen first (so /healthz answers and /readyz 
 while the node is read), the own Node is followed when asked (`--config-dir`, `--gpu-labels`),
 the daemon starts, its config file (or the named config its Node's label chooses) is watched,
 and the periodic checks run: a cheap one every SOCKET_CHECK_SECONDS, a rediscovery every
-REDISCOVER_SECONDS. Whatever was started is stopped again in reverse order, however this ends.
+REDISCOVER_SECONDS; a moment later garbage collection, paused for the start-up, resumes
+(`collector.settle`). Whatever was started is stopped again in reverse order, however this ends.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from deviceplugin.runtime import engine
+from deviceplugin.runtime import collector, engine
 from deviceplugin.runtime.background import periodically
 from deviceplugin.runtime.options import DaemonOptions
 from deviceplugin.runtime.watch import Watchers
@@ -92,6 +93,8 @@ async def run_daemon(
             )
         )
         running.push_async_callback(_cancel, checks)
+        settling = loop.call_later(collector.SETTLE_SECONDS, collector.settle)
+        running.callback(settling.cancel)
         if started is not None:
             started()
         await until()
