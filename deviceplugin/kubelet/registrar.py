@@ -45,6 +45,7 @@ class Registrar:
         self._dir = kubelet_dir
         self._observer = observer
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._first_tries: dict[str, asyncio.Event] = {}  # set once its first Register is out
         self._registered: set[str] = set()
         self._identity = self._kubelet_identity()
         self._again: set[str] = set()  # registering again after a kubelet restart
@@ -63,15 +64,25 @@ class Registrar:
         self.forget(server.name)
         if again:
             self._again.add(server.name)
+        tried = self._first_tries[server.name] = asyncio.Event()
         self._tasks[server.name] = asyncio.get_running_loop().create_task(
-            self._register(server, again)
+            self._register(server, again, tried)
         )
+
+    async def underway(self) -> None:
+        """Until every registration begun has its first Register on the way to the kubelet (or
+        failed to send it). The kubelet dials back inside Register: a wait the rest of a start-up
+        can use, once no Register waits for it."""
+        await asyncio.gather(*(tried.wait() for tried in self._first_tries.values()))
 
     def forget(self, name: str) -> None:
         """Stop registering `name` and drop it from the registered set."""
         task = self._tasks.pop(name, None)
         if task is not None:
             task.cancel()
+        tried = self._first_tries.pop(name, None)
+        if tried is not None:
+            tried.set()  # nobody waits for a Register that will not be sent
         self._registered.discard(name)
         self._again.discard(name)
 
@@ -109,13 +120,16 @@ class Registrar:
                 await server.start()
             self.register(server, again=True)
 
-    async def _register(self, server: PluginServer, again: bool) -> None:
+    async def _register(self, server: PluginServer, again: bool, tried: asyncio.Event) -> None:
         name = server.name
 
         def failed() -> None:
+            tried.set()
             self._observer.registration_failed(name)
 
-        await register_until_done(self._dir, server.socket_path.name, name, on_failure=failed)
+        await register_until_done(
+            self._dir, server.socket_path.name, name, on_failure=failed, sent=tried.set
+        )
         self._registered.add(name)
         self._tasks.pop(name, None)
         self._again.discard(name)

@@ -28,8 +28,11 @@ FIRST_RETRY_DELAY = 0.1  # then doubling, up to
 MAX_RETRY_DELAY = 5.0
 
 
-async def register(kubelet_dir: Path, endpoint: str, resource: str) -> None:
-    """Register `resource`, served on `<kubelet_dir>/<endpoint>`, with the kubelet once."""
+async def register(
+    kubelet_dir: Path, endpoint: str, resource: str, sent: Callable[[], None] | None = None
+) -> None:
+    """Register `resource`, served on `<kubelet_dir>/<endpoint>`, with the kubelet once. `sent`
+    is called once the call is under way, before the kubelet answers."""
     socket = kubelet_dir / KUBELET_SOCKET
     if not socket.exists():
         raise RegistrationError(f"kubelet socket {socket} does not exist")
@@ -39,7 +42,10 @@ async def register(kubelet_dir: Path, endpoint: str, resource: str) -> None:
     try:
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             stub = api_pb2_grpc.RegistrationStub(channel)
-            await stub.Register(request, timeout=REGISTER_TIMEOUT, wait_for_ready=False)
+            call = stub.Register(request, timeout=REGISTER_TIMEOUT, wait_for_ready=False)
+            if sent is not None:
+                sent()
+            await call
     except grpc.aio.AioRpcError as exc:
         raise RegistrationError(
             f"kubelet refused {resource}: {exc.code().name}: {exc.details()}"
@@ -51,18 +57,20 @@ async def register_until_done(
     endpoint: str,
     resource: str,
     on_failure: Callable[[], None] | None = None,
+    sent: Callable[[], None] | None = None,
 ) -> int:
     """Register, retrying with exponential backoff until the kubelet accepts; returns attempts.
 
     Runs until it succeeds or is cancelled: a kubelet that is down now is expected back.
-    `on_failure` is called after each failed attempt (the registration-failure metric).
+    `on_failure` is called after each failed attempt (the registration-failure metric), `sent`
+    once each attempt's call is under way.
     """
     delay = FIRST_RETRY_DELAY
     attempt = 0
     while True:
         attempt += 1
         try:
-            await register(kubelet_dir, endpoint, resource)
+            await register(kubelet_dir, endpoint, resource, sent)
             return attempt
         except RegistrationError as exc:
             level = logging.WARNING if attempt in (1, 10) or attempt % 50 == 0 else logging.DEBUG

@@ -90,6 +90,7 @@ class Supervisor:
             await self._reconcile()
 
         await engine.change(first, None)
+        await self._registrar.underway()  # health and the watches start while the kubelet dials
         engine.start_health(self._health_changed)
         self._started = True
 
@@ -295,6 +296,7 @@ class Supervisor:
             self._registrar.forget(name)
             await removed.stop(STOP_GRACE_SECONDS)
             log_event(logger, "plugin.removed", resource=name, socket=removed.socket_path.name)
+        started = []
         for name, resource in desired.items():
             running = self._servers.get(name)
             if running is not None:
@@ -315,6 +317,8 @@ class Supervisor:
             )
             await server.start()
             self._servers[name] = server
+            started.append(server)
+        for server in started:  # every server serves before the first Register leaves
             self._registrar.register(server)
         self._note_socket_names()
         self.metrics.set_resources(desired)
