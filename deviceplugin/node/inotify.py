@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import functools
 import os
@@ -59,6 +58,8 @@ _HEADER = struct.Struct("iIII")  # wd, mask, cookie, length of the name
 
 @functools.cache
 def _libc() -> Any:
+    import ctypes  # loaded with the first watch: start-up registers with the kubelet first
+
     libc = ctypes.CDLL(None, use_errno=True)
     if not hasattr(libc, "inotify_init1"):
         raise OSError(errno.ENOSYS, "no inotify on this system")
@@ -66,6 +67,8 @@ def _libc() -> Any:
 
 
 def _failed() -> OSError:
+    import ctypes
+
     code = ctypes.get_errno()
     return OSError(code, os.strerror(code))
 

@@ -13,7 +13,6 @@ model — profile names, NUMA, links — is discovery's job.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 from collections.abc import Callable, Hashable
@@ -152,6 +151,8 @@ def _text(value: bytes | str) -> str:
 def _handle_key(handle: Any) -> Hashable:
     """A hashable identity for a device handle: ctypes pointers compare by object, so use the
     address NVML gave; the simulator's handles are values already."""
+    import ctypes  # pynvml loads it anyway; a simulated node first asks here, once registering
+
     if isinstance(handle, ctypes._Pointer):
         return ctypes.cast(handle, ctypes.c_void_p).value
     key: Hashable = handle
@@ -548,6 +549,8 @@ def _bind_library(pynvml: Any, path: str | None) -> None:
             return
         library = None
         if path is not None:
+            import ctypes  # loaded by pynvml already
+
             try:
                 library = ctypes.CDLL(path)
             except OSError as err:
