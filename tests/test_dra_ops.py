@@ -464,6 +464,8 @@ def test_dra_serve_takes_dp_http_address_logs_json_and_reloads_on_sighup() -> No
             await until(lambda: events("dra.registered"))
             status, _, text = await get(port, "/readyz")
             assert (status, text) == (200, b"ready\n")
+            status, _, text = await get(port, "/metrics")  # the metrics it keeps with HTTP only
+            assert status == 200 and b"deviceplugin_dra_publishes_total" in text
 
             applied = len(events("config.applied"))
             lists = server.requests.count(("GET", list_path()))

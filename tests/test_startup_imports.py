@@ -130,7 +130,8 @@ def test_a_real_node_loads_no_simulator(tmp_path: Path) -> None:
 
 def test_dra_serve_loads_no_pydantic_until_a_claim_carries_parameters() -> None:
     """`dra serve` publishes and registers without pydantic: only a claim with opaque parameters
-    of this driver needs its models (`dra/opaqueschema.py`)."""
+    of this driver needs its models (`dra/opaqueschema.py`). Without `--http-address` it loads
+    no metrics or HTTP stack either."""
 
     async def body() -> set[str]:
         root = short_dir()
@@ -159,3 +160,5 @@ def test_dra_serve_loads_no_pydantic_until_a_claim_carries_parameters() -> None:
     imports = run(body())
     assert {"deviceplugin.dra.driver", "deviceplugin.dra.opaque"} <= imports
     assert _loaded(imports, ("pydantic", "deviceplugin.dra.opaqueschema")) == []
+    # nor, without --http-address, the metrics and HTTP stack (as `serve`)
+    assert _loaded(imports, ("prometheus_client", "deviceplugin.ops.http")) == []

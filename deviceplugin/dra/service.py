@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from typing import TYPE_CHECKING
 
 from deviceplugin.dra.driver import DraDriver
-from deviceplugin.ops.http import DraEndpoints, EndpointServer
+from deviceplugin.ops.drametrics import DraMetrics, NoDraMetrics
 from deviceplugin.runtime.background import spawn
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.runtime.run import run_daemon
+
+if TYPE_CHECKING:
+    from deviceplugin.ops.http import EndpointServer
 
 
 async def run_driver(
@@ -26,6 +30,8 @@ async def run_driver(
     /healthz answers and /readyz says "starting" meanwhile."""
     settings = driver.settings
     if http is None and settings.http_address:
+        from deviceplugin.ops.http import DraEndpoints, EndpointServer  # only a driver with HTTP
+
         http = EndpointServer(settings.http_address, DraEndpoints(driver))
     await run_daemon(
         driver,
@@ -43,7 +49,7 @@ async def serve_dra(settings: DraServeOptions) -> None:
     """The `dra serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file."""
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
-    driver = DraDriver(settings)
+    driver = DraDriver(settings, DraMetrics() if settings.http_address else NoDraMetrics())
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     loop.add_signal_handler(

@@ -4,15 +4,20 @@ The slice publisher reports each attempt to write the pool (`publish_done`) and 
 kubelet call (`claims_done`) and, for each claim Prepare could not prepare, why
 (`prepare_failed`); the gauges are set from the driver's status when /metrics is scraped
 (`set_status`), so they never lag behind it. Names and labels are documented in
-docs/observability.md.
+docs/observability.md. A driver without `--http-address` gets `NoDraMetrics`, and
+prometheus-client stays unloaded.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from typing import TYPE_CHECKING
 
-from deviceplugin.ops.drastatus import DraStatus
-from deviceplugin.ops.metrics import SharedMetrics
+from deviceplugin.ops.metrics import NoSharedMetrics, SharedMetrics
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from deviceplugin.ops.drastatus import DraStatus
 
 # A publish writes up to a few slices (about 0.4 s for 448 devices); a Prepare that reads a
 # claim from a slow API server can take seconds.
@@ -23,6 +28,8 @@ class DraMetrics(SharedMetrics):
     """The DRA driver's metrics; cheap to call from the event loop."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
         super().__init__(registry)
         r = self.registry
         self.slices = Gauge(
@@ -98,3 +105,19 @@ class DraMetrics(SharedMetrics):
         self.slices.set(pool.slices if pool else 0)
         self.devices.set(pool.devices if pool else 0)
         self.generation.set(pool.generation if pool else 0)
+
+
+class NoDraMetrics(NoSharedMetrics, DraMetrics):
+    """The metrics of a DRA driver that serves no /metrics: every call does nothing."""
+
+    def publish_done(self, seconds: float, ok: bool) -> None:
+        pass
+
+    def claims_done(self, method: str, seconds: float, ok: int, failed: int) -> None:
+        pass
+
+    def prepare_failed(self, reason: str) -> None:
+        pass
+
+    def set_status(self, status: DraStatus) -> None:
+        pass

@@ -6,9 +6,9 @@ small methods through observer protocols of their own, so no other module touche
 prometheus-client and none of them imports this one. Names and labels are documented in
 docs/observability.md.
 
-Nobody reads the metrics of a plugin without `--http-address`: it gets `NoMetrics`, whose
-methods do nothing, and prometheus-client (3 MiB, 13 ms to import) is imported only when a
-registry is made.
+Nobody reads the metrics of a daemon without `--http-address`: it gets `NoMetrics` (the DRA
+driver `NoDraMetrics`), whose methods do nothing, and prometheus-client (3 MiB, 13 ms to
+import) is imported only when a registry is made.
 """
 
 from __future__ import annotations
@@ -185,9 +185,9 @@ class Metrics(SharedMetrics):
         self.rpc_seconds.labels(resource, method).observe(seconds)
 
 
-class NoMetrics(Metrics):
-    """The metrics of a plugin that serves no /metrics: every call does nothing and no registry
-    is made, so Allocate does not pay for a histogram nobody reads."""
+class NoSharedMetrics(SharedMetrics):
+    """The shared metrics of a daemon that serves no /metrics: every call does nothing, and no
+    registry is made (prometheus-client stays unloaded)."""
 
     def __init__(self) -> None:  # no registry, no prometheus-client
         pass
@@ -209,6 +209,11 @@ class NoMetrics(Metrics):
 
     def render(self) -> bytes:
         return b""
+
+
+class NoMetrics(NoSharedMetrics, Metrics):
+    """The metrics of a plugin that serves no /metrics, so Allocate does not pay for a
+    histogram nobody reads."""
 
     def set_resources(self, resources: Mapping[str, ResourceSet]) -> None:
         pass
