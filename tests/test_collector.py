@@ -4,6 +4,7 @@ resumed once a daemon serves or when a one-shot command ends, left alone where i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import pytest
 
 from deviceplugin.__main__ import main
 from deviceplugin.runtime import collector
+from deviceplugin.runtime.options import DaemonOptions
+from deviceplugin.runtime.run import run_daemon
 from tests.harness import running_plugin
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,9 +43,11 @@ def passes() -> Iterator[list[int]]:
 # Run in a fresh interpreter, where `main` still has every module to import.
 _COUNT_PASSES = """
 import gc, sys
+from deviceplugin.__main__ import main
+import deviceplugin.runtime.collector  # what main imports before it pauses collection
+gc.collect()  # the young generation starts empty, so no pass is owed when main begins
 seen = []
 gc.callbacks.append(lambda phase, info: phase == "start" and seen.append(info["generation"]))
-from deviceplugin.__main__ import main
 code = main(["validate-config", sys.argv[1]])
 print(code, len(seen), gc.isenabled())
 """
@@ -115,3 +120,42 @@ def test_a_daemon_settles_collection_once_it_serves(
     assert at_start == []
     assert settled[:1] == [2]  # the one full pass
     assert gc.isenabled()
+
+
+class _StuckDaemon:
+    """A daemon whose start waits forever, as `dra serve`'s does on an API server that is down."""
+
+    async def start(self) -> None:
+        await asyncio.Event().wait()
+
+
+def test_a_start_that_never_ends_still_resumes_collection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collector, "LONGEST_PAUSE_SECONDS", 0.2)
+
+    async def nothing() -> None:
+        pass
+
+    async def body() -> None:
+        running = asyncio.get_running_loop().create_task(
+            run_daemon(
+                _StuckDaemon(),  # type: ignore[arg-type]
+                DaemonOptions(),
+                until=asyncio.Event().wait,
+                shutdown=nothing,
+                often=nothing,
+                failed_event="test.failed",
+            )
+        )
+        try:
+            deadline = asyncio.get_running_loop().time() + 5
+            while not gc.isenabled():
+                assert asyncio.get_running_loop().time() < deadline, "collection never resumed"
+                await asyncio.sleep(0.05)
+        finally:
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+
+    with collector.paused_for_start_up():
+        asyncio.run(body())
+        assert gc.isenabled()

@@ -5,6 +5,8 @@ config, the inventory) and little garbage, yet the collector walked them again a
 they were made: some 60 passes, 6 to 8 ms of a simulated `serve`'s 0.13 s start. So `main` runs
 a command with collection paused, and a daemon settles it once it serves: one full pass then
 (about 10 ms, once the first registrations are answered) and collection as usual from there on.
+A daemon whose start waits (an API server that is down) settles it after a few seconds anyway,
+so what its retries leave behind is collected.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 SETTLE_SECONDS = 1.0  # after a daemon serves: its registrations are answered well before
+LONGEST_PAUSE_SECONDS = 10.0  # after a daemon's run began, served or not: garbage stays bounded
 
 _paused = False
 

@@ -58,6 +58,9 @@ async def run_daemon(
     `started` is told once everything runs."""
     loop = asyncio.get_running_loop()
     async with contextlib.AsyncExitStack() as running:
+        # start-up's pause of garbage collection ends a moment after the daemon serves, and at
+        # the latest after LONGEST_PAUSE_SECONDS (a start that waits on an API server that is down)
+        running.callback(loop.call_later(collector.LONGEST_PAUSE_SECONDS, collector.settle).cancel)
         if http is not None:
             await http.start()
             running.push_async_callback(http.stop)
@@ -93,8 +96,7 @@ async def run_daemon(
             )
         )
         running.push_async_callback(_cancel, checks)
-        settling = loop.call_later(collector.SETTLE_SECONDS, collector.settle)
-        running.callback(settling.cancel)
+        running.callback(loop.call_later(collector.SETTLE_SECONDS, collector.settle).cancel)
         if started is not None:
             started()
         await until()
