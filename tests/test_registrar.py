@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
+from deviceplugin.kubelet import registrar as registrar_module
 from deviceplugin.kubelet.registrar import Registrar
 from deviceplugin.kubelet.responder import NodeAllocator
 from deviceplugin.kubelet.server import PluginServer
@@ -118,6 +120,30 @@ def test_no_register_to_wait_for_without_a_kubelet_or_once_forgotten() -> None:
             registrar.register(server)
             registrar.forget(server.name)  # before its task ran at all
             await asyncio.wait_for(registrar.underway(), 2)
+        finally:
+            registrar.forget_all()
+            await server.stop(0)
+            shutil.rmtree(root, ignore_errors=True)
+
+    asyncio.run(body())
+
+
+def test_a_registration_that_breaks_off_holds_up_nobody(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected error in the registration task ends the wait too: start-up goes on."""
+
+    async def broken(*args: Any, **kwargs: Any) -> int:
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(registrar_module, "register_until_done", broken)
+
+    async def body() -> None:
+        root = Path(tempfile.mkdtemp(prefix="dpr"))
+        server = await _plugin_server(root)
+        registrar = Registrar(root, Metrics())
+        try:
+            registrar.register(server)
+            await asyncio.wait_for(registrar.underway(), 2)
+            assert not registrar.registered
         finally:
             registrar.forget_all()
             await server.stop(0)

@@ -127,9 +127,12 @@ class Registrar:
             tried.set()
             self._observer.registration_failed(name)
 
-        await register_until_done(
-            self._dir, server.socket_path.name, name, on_failure=failed, sent=tried.set
-        )
+        try:
+            await register_until_done(
+                self._dir, server.socket_path.name, name, on_failure=failed, sent=tried.set
+            )
+        finally:
+            tried.set()  # an attempt that broke off unexpectedly holds up nobody either
         self._registered.add(name)
         self._tasks.pop(name, None)
         self._again.discard(name)

@@ -296,29 +296,31 @@ class Supervisor:
             self._registrar.forget(name)
             await removed.stop(STOP_GRACE_SECONDS)
             log_event(logger, "plugin.removed", resource=name, socket=removed.socket_path.name)
-        started = []
-        for name, resource in desired.items():
-            running = self._servers.get(name)
-            if running is not None:
-                if await running.update(resource):
-                    log_event(
-                        logger,
-                        "plugin.updated",
-                        resource=name,
-                        devices=len(resource.devices),
-                        healthy=resource.healthy_count,
-                    )
-                continue
-            server = PluginServer(
-                resource,
-                self.settings.kubelet_dir,
-                self._allocator,
-                observer=self.metrics,
-            )
-            await server.start()
-            self._servers[name] = server
-            started.append(server)
-        for server in started:  # every server serves before the first Register leaves
-            self._registrar.register(server)
+        started: list[PluginServer] = []
+        try:
+            for name, resource in desired.items():
+                running = self._servers.get(name)
+                if running is not None:
+                    if await running.update(resource):
+                        log_event(
+                            logger,
+                            "plugin.updated",
+                            resource=name,
+                            devices=len(resource.devices),
+                            healthy=resource.healthy_count,
+                        )
+                    continue
+                server = PluginServer(
+                    resource,
+                    self.settings.kubelet_dir,
+                    self._allocator,
+                    observer=self.metrics,
+                )
+                await server.start()
+                self._servers[name] = server
+                started.append(server)
+        finally:  # every new server serves before the first Register leaves; each that serves
+            for server in started:  # is registered, even when a later one failed to start
+                self._registrar.register(server)
         self._note_socket_names()
         self.metrics.set_resources(desired)
