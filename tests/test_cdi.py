@@ -491,9 +491,9 @@ def test_serve_simulates_without_a_writable_temp_dir(monkeypatch: Any, tmp_path:
     the real host's files instead of a laid-out tree, and says so."""
     import tempfile
 
-    from deviceplugin.runtime import host
+    from deviceplugin.runtime import scratch
 
-    monkeypatch.setattr(host, "MEMORY_DIR", str(tmp_path / "no-shm"))
+    monkeypatch.setattr(scratch, "MEMORY_DIR", str(tmp_path / "no-shm"))
     real_mkdtemp = tempfile.mkdtemp
 
     def read_only_tmp(*args: Any, **kwargs: Any) -> str:
@@ -518,9 +518,9 @@ def test_the_temporary_tree_is_laid_out_in_memory_where_there_is_some(
     """/dev/shm first (a stand-in here), the temp dir when there is none; removed at stop."""
     import tempfile
 
-    from deviceplugin.runtime import host
+    from deviceplugin.runtime import scratch
 
-    monkeypatch.setattr(host, "MEMORY_DIR", str(tmp_path if memory else tmp_path / "none"))
+    monkeypatch.setattr(scratch, "MEMORY_DIR", str(tmp_path if memory else tmp_path / "none"))
 
     async def body() -> Path:
         async with running_plugin() as plugin:

@@ -6,17 +6,16 @@ and a simulated node's, so the node engine and every front-end run the same code
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from deviceplugin.model.config import Config, ParsedConfig
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.hostpaths import MIG_MINORS, host_path
 from deviceplugin.model.log import log_event
 from deviceplugin.node.nvml import Nvml, real_nvml
+from deviceplugin.runtime import scratch
 
 
 def open_nvml(simulate: str | None, events_path: str | None = None, driver_root: str = "/") -> Nvml:
@@ -36,8 +35,6 @@ def open_nvml(simulate: str | None, events_path: str | None = None, driver_root:
 logger = logging.getLogger(__name__)
 
 REAL_PROC_ROOT = "/proc"
-MEMORY_DIR = "/dev/shm"  # where a simulated host's temporary tree goes first
-SCRATCH_PREFIX = "dp-simhost-"
 DRIVER_ROOT_OVERRIDE = "nvidia_driver_root"
 
 
@@ -63,12 +60,10 @@ class SimulatedHost:
         return {DRIVER_ROOT_OVERRIDE: self.root} if self.temporary else {}
 
     def close(self) -> None:
-        import shutil  # loaded only when simulating
-
         if self.temporary:
-            shutil.rmtree(self.root, ignore_errors=True)
+            scratch.release(self.root)
         if self._proc is not None:
-            shutil.rmtree(self._proc, ignore_errors=True)
+            scratch.release(self._proc)
 
 
 def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost | None:
@@ -90,12 +85,14 @@ def open_simulated_host(simulate: str | None, config: Config) -> SimulatedHost |
             return SimulatedHost(root, temporary=False)
         from deviceplugin.sim.hostroot import lay_out_proc  # loaded only when simulating
 
-        return SimulatedHost(root, temporary=False, proc=_made(lay_out_proc))
+        return SimulatedHost(root, temporary=False, proc=scratch.make(lay_out_proc))
     from deviceplugin.sim.hostroot import lay_out
     from deviceplugin.sim.node import read_node_once, resolve_node_path
 
     node = read_node_once(resolve_node_path(simulate))
-    return SimulatedHost(_made(lambda d: lay_out(node, d, every_instance=False)), temporary=True)
+    return SimulatedHost(
+        scratch.make(lambda d: lay_out(node, d, every_instance=False)), temporary=True
+    )
 
 
 Overrides = Mapping[str, str | None]
@@ -125,41 +122,6 @@ def open_host_config(
         return parsed, host, overrides
     merged = {**overrides, **host.overrides}
     return parse(merged), host, merged
-
-
-def _made(fill: Callable[[Path], object]) -> str:
-    """A new private dir filled by `fill`, removed again if that fails. In memory (/dev/shm)
-    where the node has it: the tree is scratch that lives as long as `serve`, and its hundred
-    inodes (device nodes, links, files) cost about 2 ms there against 6-36 ms on a disk's /tmp,
-    most of a simulated start-up's variance. Else in the temp dir ($TMPDIR, /tmp, ...)."""
-    try:
-        directory = _private_dir(MEMORY_DIR)
-    except OSError:  # no /dev/shm here, or not writable
-        import tempfile
-
-        directory = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
-    try:
-        fill(Path(directory))
-    except BaseException:
-        import shutil
-
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-    return directory
-
-
-def _private_dir(parent: str) -> str:
-    """A new dir under `parent` that only we can enter, named as `tempfile.mkdtemp` names
-    one: importing tempfile, with the random module it loads, cost a simulated start-up 1 ms,
-    half as much as laying out the tree."""
-    for _ in range(100):
-        path = os.path.join(parent, SCRATCH_PREFIX + os.urandom(6).hex())
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        return os.path.abspath(path)
-    raise FileExistsError(errno.EEXIST, "no unused name left", parent)
 
 
 def proc_root(host: SimulatedHost | None) -> str:
