@@ -97,6 +97,14 @@ def test_collection_left_off_stays_off() -> None:
         gc.enable()
 
 
+async def _collecting_again(timeout: float = 5.0) -> None:
+    """Until the pause ends; fails after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not gc.isenabled():
+        assert asyncio.get_running_loop().time() < deadline, "collection never resumed"
+        await asyncio.sleep(0.05)
+
+
 def test_a_daemon_settles_collection_once_it_serves(
     passes: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -108,10 +116,7 @@ def test_a_daemon_settles_collection_once_it_serves(
         async with running_plugin() as plugin:
             assert plugin.settled()
             at_start = list(passes)
-            deadline = asyncio.get_running_loop().time() + 5
-            while not gc.isenabled():
-                assert asyncio.get_running_loop().time() < deadline, "collection never resumed"
-                await asyncio.sleep(0.05)
+            await _collecting_again()
             return at_start, list(passes)
 
     with collector.paused_for_start_up():
@@ -147,10 +152,7 @@ def test_a_start_that_never_ends_still_resumes_collection(monkeypatch: pytest.Mo
             )
         )
         try:
-            deadline = asyncio.get_running_loop().time() + 5
-            while not gc.isenabled():
-                assert asyncio.get_running_loop().time() < deadline, "collection never resumed"
-                await asyncio.sleep(0.05)
+            await _collecting_again()
         finally:
             running.cancel()
             with contextlib.suppress(asyncio.CancelledError):
