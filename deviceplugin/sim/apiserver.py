@@ -1,9 +1,9 @@
 """A stand-in for the Kubernetes API server's `resource.k8s.io/v1` endpoints, on 127.0.0.1.
 
 It serves what the DRA driver and its tests use: ResourceSlices (list with `fieldSelector` and
-`labelSelector` equality terms, create, replace, delete, and delete-collection, with which the
-kubelet wipes a node's slices) and ResourceClaims (get by namespace/name; create, so tests and
-the demo can seed claims). Like a real API server it
+`labelSelector` equality terms, watch from a resourceVersion, create, replace, delete, and
+delete-collection, with which the kubelet wipes a node's slices) and ResourceClaims (get by
+namespace/name; create, so tests and the demo can seed claims). Like a real API server it
 
 - validates every object it receives against the `resource.k8s.io/v1` OpenAPI schema
   (kubernetes-validate, strict, Kubernetes 1.34: the first release serving v1) and against the
@@ -19,20 +19,22 @@ group discovery that tells whether NFD is installed. `add_node` and `set_node_la
 the kubelet registering a node and for `kubectl label`; watches see their changes at once, and
 `end_watches` cuts every watch as a lost connection would.
 
-`fail_next(status, count)` makes the next requests fail, and `requests` records every call, so
-tests can check retries and that an unchanged publish writes nothing.
+`fail_next(status, count)` makes the next requests fail, `compact()` makes a slice watch from
+an older resourceVersion fail with 410 Gone, and `requests` records every call, so tests can
+check retries and that an unchanged publish writes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import re
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import kubernetes_validate
 from aiohttp import web
@@ -69,6 +71,11 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 NFD = "/apis/nfd.k8s-sigs.io/v1alpha1"
 
 
+class _Watch(NamedTuple):
+    resource: str  # "nodes" or "resourceslices"
+    queue: asyncio.Queue[JsonObject | None]  # None ends the watch
+
+
 class ApiServer:
     """Start with `await start()`; `url` is then `http://127.0.0.1:<port>`."""
 
@@ -77,8 +84,10 @@ class ApiServer:
         self.events: list[JsonObject] = []
         self.node_features: dict[tuple[str, str], JsonObject] = {}
         self._nfd = nfd
-        self._watches: list[asyncio.Queue[JsonObject | None]] = []
+        self._watches: list[_Watch] = []
         self.slices: dict[str, JsonObject] = {}
+        self._slice_changes: list[JsonObject] = []  # the events a watch may resume from
+        self._compacted = 0  # a slice watch from before this resourceVersion is refused (410)
         self.claims: dict[tuple[str, str], JsonObject] = {}
         self.requests: list[tuple[str, str]] = []
         self.rejected: list[str] = []  # why each 422 was answered
@@ -143,17 +152,27 @@ class ApiServer:
             "metadata": {"name": name, "labels": dict(labels or {})},
         }
         self.nodes[name] = self._stamp(node)
-        self._notify("ADDED", self.nodes[name])
+        self._notify("nodes", "ADDED", self.nodes[name])
         return self.nodes[name]
 
     def set_node_labels(self, name: str, changes: dict[str, str | None]) -> None:
         """Set (None: remove) labels of a Node by their real keys; watchers see it MODIFIED."""
         self._set_labels(name, changes)
 
+    def compact(self) -> None:
+        """Forget the slice changes so far, as etcd's compaction does: a watch from an older
+        resourceVersion then gets `410 Gone` and must list again."""
+        self._slice_changes.clear()
+        self._compacted = next(self._versions)
+
+    def open_watches(self, resource: str) -> int:
+        """How many watches of `resource` ("nodes", "resourceslices") are open now."""
+        return sum(1 for watch in self._watches if watch.resource == resource)
+
     def end_watches(self) -> None:
         """End every open watch, as a lost connection would."""
-        for queue in self._watches:
-            queue.put_nowait(None)
+        for watch in self._watches:
+            watch.queue.put_nowait(None)
         self._watches.clear()
 
     def _set_labels(self, name: str, changes: dict[str, str | None]) -> None:
@@ -165,11 +184,21 @@ class ApiServer:
             else:
                 labels[key] = value
         self.nodes[name] = self._stamp(node, self.nodes[name]["metadata"])
-        self._notify("MODIFIED", self.nodes[name])
+        self._notify("nodes", "MODIFIED", self.nodes[name])
 
-    def _notify(self, kind: str, node: JsonObject) -> None:
-        for queue in self._watches:
-            queue.put_nowait({"type": kind, "object": node})
+    def _notify(self, resource: str, kind: str, item: JsonObject) -> None:
+        event = {"type": kind, "object": item}
+        if resource == "resourceslices":
+            self._slice_changes.append(event)
+        for watch in self._watches:
+            if watch.resource == resource:
+                watch.queue.put_nowait(event)
+
+    def _slice_deleted(self, name: str) -> JsonObject:
+        """Remove a slice; its DELETED event carries a new resourceVersion, as etcd's does."""
+        gone = self.slices.pop(name)
+        self._notify("resourceslices", "DELETED", self._stamp(gone, gone["metadata"]))
+        return gone
 
     # --- request handling -----------------------------------------------------------------------
 
@@ -184,18 +213,25 @@ class ApiServer:
         response: web.StreamResponse = await handler(request)
         return response
 
-    async def _list_slices(self, request: web.Request) -> web.Response:
+    async def _list_slices(self, request: web.Request) -> web.StreamResponse:
         wanted = _selector(request.query.get("fieldSelector", ""))
         labels = _selector(request.query.get("labelSelector", ""))
         for key in wanted:
             if key not in _SLICE_FIELDS:
                 return _status(400, "BadRequest", f'field label not supported: "{key}"')
-        items = [
-            item
-            for item in self.slices.values()
-            if all(_SLICE_FIELDS[k](item) == v for k, v in wanted.items())
-            and all((item["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items())
-        ]
+
+        def selected(item: JsonObject) -> bool:
+            return all(_SLICE_FIELDS[k](item) == v for k, v in wanted.items()) and all(
+                (item["metadata"].get("labels") or {}).get(k) == v for k, v in labels.items()
+            )
+
+        if _watching(request):
+            since = int(request.query.get("resourceVersion") or 0)
+            if since < self._compacted:
+                return await self._expired(request, since)
+            missed = [e for e in self._slice_changes if _version(e["object"]) > since]
+            return await self._stream(request, "resourceslices", missed, selected)
+        items = [item for item in self.slices.values() if selected(item)]
         return _json(
             {
                 "apiVersion": "resource.k8s.io/v1",
@@ -216,6 +252,7 @@ class ApiServer:
             return _status(409, "AlreadyExists", f'resourceslices "{meta["name"]}" already exists')
         stored = self._stamp(body)
         self.slices[meta["name"]] = stored
+        self._notify("resourceslices", "ADDED", stored)
         return _json(stored, 201)
 
     async def _replace_slice(self, request: web.Request) -> web.Response:
@@ -240,14 +277,14 @@ class ApiServer:
             return self._invalid("spec.driver: field is immutable")
         stored = self._stamp(body, current["metadata"])
         self.slices[name] = stored
+        self._notify("resourceslices", "MODIFIED", stored)
         return _json(stored)
 
     async def _delete_slice(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        found = self.slices.pop(name, None)
-        if found is None:
+        if name not in self.slices:
             return _not_found("resourceslices", name)
-        return _json(found)
+        return _json(self._slice_deleted(name))
 
     async def _delete_slices(self, request: web.Request) -> web.Response:
         wanted = _selector(request.query.get("fieldSelector", ""))
@@ -256,7 +293,7 @@ class ApiServer:
                 return _status(400, "BadRequest", f'field label not supported: "{key}"')
         for name, item in list(self.slices.items()):
             if all(_SLICE_FIELDS[k](item) == v for k, v in wanted.items()):
-                del self.slices[name]
+                self._slice_deleted(name)
         return _json({"apiVersion": "v1", "kind": "Status", "status": "Success"})
 
     async def _create_claim(self, request: web.Request) -> web.Response:
@@ -278,7 +315,7 @@ class ApiServer:
         for key in wanted:
             if key != "metadata.name":
                 return _status(400, "BadRequest", f'field label not supported: "{key}"')
-        if request.query.get("watch") in ("1", "true"):
+        if _watching(request):
             return await self._watch_nodes(request, wanted.get("metadata.name"))
         items = [n for name, n in self.nodes.items() if wanted.get("metadata.name", name) == name]
         version = str(next(self._versions))
@@ -292,29 +329,55 @@ class ApiServer:
         )
 
     async def _watch_nodes(self, request: web.Request, name: str | None) -> web.StreamResponse:
-        """Stream the Node's changes after the given resourceVersion, until `timeoutSeconds`
-        or `end_watches`."""
-        queue: asyncio.Queue[JsonObject | None] = asyncio.Queue()
+        """The Node's changes after the given resourceVersion (the newest of each Node missed)."""
         since = int(request.query.get("resourceVersion") or 0)
-        for node in self.nodes.values():
-            if int(node["metadata"]["resourceVersion"]) > since:
-                queue.put_nowait({"type": "MODIFIED", "object": node})
-        self._watches.append(queue)
+        missed = [
+            {"type": "MODIFIED", "object": node}
+            for node in self.nodes.values()
+            if _version(node) > since
+        ]
+        return await self._stream(
+            request, "nodes", missed, lambda node: name is None or node["metadata"]["name"] == name
+        )
+
+    async def _expired(self, request: web.Request, since: int) -> web.StreamResponse:
+        """A watch from a compacted resourceVersion: one ERROR event, as the API server sends."""
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        status = _status_body(410, "Expired", f"too old resource version: {since}")
+        await response.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+        await response.write_eof()
+        return response
+
+    async def _stream(
+        self,
+        request: web.Request,
+        resource: str,
+        missed: list[JsonObject],
+        selected: Callable[[JsonObject], bool],
+    ) -> web.StreamResponse:
+        """A watch: the `missed` events, then each change as it happens, of the objects
+        `selected`, until `timeoutSeconds` or `end_watches`."""
+        watch = _Watch(resource, asyncio.Queue())
+        for change in missed:
+            watch.queue.put_nowait(change)
+        self._watches.append(watch)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)
         timeout = float(request.query.get("timeoutSeconds") or 1800)
-        try:
-            async with asyncio.timeout(timeout):
-                while (event := await queue.get()) is not None:
-                    if name is None or event["object"]["metadata"]["name"] == name:
-                        await response.write(json.dumps(event).encode() + b"\n")
-        except TimeoutError:
-            pass
-        finally:
-            if queue in self._watches:
-                self._watches.remove(queue)
-        await response.write_eof()
+        with contextlib.suppress(ConnectionResetError):  # the client went away
+            try:
+                async with asyncio.timeout(timeout):
+                    while (event := await watch.queue.get()) is not None:
+                        if selected(event["object"]):
+                            await response.write(json.dumps(event).encode() + b"\n")
+            except TimeoutError:
+                pass
+            finally:
+                if watch in self._watches:
+                    self._watches.remove(watch)
+            await response.write_eof()
         return response
 
     async def _get_node(self, request: web.Request) -> web.Response:
@@ -537,6 +600,16 @@ def _node_feature_problem(body: JsonObject) -> str:
     return ""
 
 
+def _watching(request: web.Request) -> bool:
+    """`watch` as the API server parses it (Go's strconv.ParseBool): "True" from the Python
+    client counts as much as "1" or "true"."""
+    return request.query.get("watch", "") in ("1", "t", "T", "true", "TRUE", "True")
+
+
+def _version(item: JsonObject) -> int:
+    return int(item["metadata"]["resourceVersion"])
+
+
 def _selector(text: str) -> dict[str, str]:
     """`a=b,c==d` as {a: b, c: d}; only equality terms (what the driver sends)."""
     terms: dict[str, str] = {}
@@ -551,7 +624,11 @@ def _json(body: JsonObject, status: int = 200) -> web.Response:
 
 
 def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {
+    return _json(_status_body(code, reason, message), code)
+
+
+def _status_body(code: int, reason: str, message: str) -> JsonObject:
+    return {
         "apiVersion": "v1",
         "kind": "Status",
         "status": "Failure",
@@ -559,7 +636,6 @@ def _status(code: int, reason: str, message: str) -> web.Response:
         "reason": reason,
         "code": code,
     }
-    return _json(body, code)
 
 
 def _not_found(resource: str, name: str) -> web.Response:
