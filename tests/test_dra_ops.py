@@ -241,6 +241,9 @@ def test_without_a_plugin_watcher_serving_on_both_sockets_is_enough() -> None:
             ["API server unreachable: refused"],
             id="api-gone",
         ),
+        pytest.param(  # the repair after each registration still runs: not a reason
+            {"slice_watch_error": "watch refused with 403"}, [], id="slice-watch-down"
+        ),
     ],
 )
 def test_readiness_rules(changes: dict[str, Any], reasons: list[str]) -> None:
@@ -263,6 +266,7 @@ def test_readiness_rules(changes: dict[str, Any], reasons: list[str]) -> None:
     status = replace(ready, **changes)
     assert status.not_ready == reasons
     assert status.document()["ready"] is (not reasons)
+    assert status.document()["slice_watch_error"] == status.slice_watch_error
 
 
 # --- metrics ----------------------------------------------------------------------------------

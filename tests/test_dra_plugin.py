@@ -10,6 +10,7 @@ import json
 import os
 import time
 
+import aiohttp
 import pytest
 
 from deviceplugin.dra.checkpoint import read_boot_id
@@ -300,6 +301,25 @@ def test_slices_the_kubelet_wiped_come_back_when_the_plugin_registers_again() ->
                 await node.until(lambda: published(node.server).keys() == before.keys())
             finally:
                 await watcher.stop()
+
+    run(body)
+
+
+def test_a_wipe_after_registering_is_repaired_without_another_registration() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            await node.until(lambda: node.driver.registration.registered)
+            before = published(node.server)
+            # The restarted kubelet's wipe, landing after the driver registered with it.
+            await node.until(lambda: node.server.open_watches("resourceslices") == 1)
+            async with aiohttp.ClientSession() as session:
+                url = f"{node.server.url}/apis/resource.k8s.io/v1/resourceslices"
+                selector = f"spec.nodeName={NODE},spec.driver={DRIVER}"
+                async with session.delete(url, params={"fieldSelector": selector}) as answer:
+                    assert answer.status == 200
+            assert published(node.server) == {}
+            await node.until(lambda: published(node.server).keys() == before.keys())
+            assert len(node.watcher.attempts) == 1  # put back by the watch, not a registration
 
     run(body)
 

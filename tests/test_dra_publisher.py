@@ -338,8 +338,8 @@ async def _kubeconfig(server: ApiServer, publisher: SlicePublisher, tmp_path: Pa
     path.write_text(json.dumps(config))
     api = await connect(kubeconfig=str(path))
     try:
-        (listed,) = await api.list_slices(NODE, "gpu.nvidia.com")
-        assert await api.list_slices("node-9", "gpu.nvidia.com") == []
+        (listed,), _ = await api.list_slices(NODE, "gpu.nvidia.com")
+        assert (await api.list_slices("node-9", "gpu.nvidia.com")).items == []
     finally:
         await api.close()
     assert listed["spec"]["pool"]["name"] == NODE
@@ -383,6 +383,21 @@ async def _wiped(server: ApiServer, publisher: SlicePublisher) -> None:
 
 def test_refresh_repairs_slices_the_kubelet_wiped() -> None:
     run(_wiped)
+
+
+async def _a_failed_repair_is_retried(server: ApiServer, publisher: SlicePublisher) -> None:
+    await publisher.publish(inventory("a100-80gb-x8-mixed"), {})
+    server.slices.clear()  # wiped behind the publisher's back
+    server.fail_next(503)
+    assert not await publisher.refresh()
+    async with asyncio.timeout(SAFETY):
+        while not server.slices:
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(publisher.wait_published(), SAFETY)
+
+
+def test_a_failed_repair_is_retried_until_the_slices_are_back() -> None:
+    run(_a_failed_repair_is_retried)
 
 
 async def _a_taint_keeps_the_time_the_server_stamped(

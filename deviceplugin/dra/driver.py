@@ -6,9 +6,10 @@ plugin's MIG strategy and sharing do not apply); the API client (`--kubeconfig`,
 in-cluster) and the first publish of the slices; the checkpoint; the DRA socket; and last the
 registration socket, so the kubelet finds a driver that already answers. The health monitor
 then reports Xids and recoveries, each republished at once (`healthy` turns false, and the
-device is tainted unless `--unhealthy-taint off`). After each successful registration the
-slices are listed and repaired, since the kubelet wipes a driver's slices while none of its
-plugins is registered.
+device is tainted unless `--unhealthy-taint off`). The slices are watched on the server and a
+slice someone else deleted or changed is put back at once (`slicewatch.py`): the kubelet wipes
+a node's slices when it starts and while none of the driver's plugins is registered. After each
+successful registration they are listed and repaired as well.
 
 While it runs, a cheap check every few seconds serves again on a socket that was deleted under
 it (the plugin watcher then registers the driver anew), and every minute the node is
@@ -30,6 +31,7 @@ restarted driver answers for them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Callable, Mapping
@@ -51,6 +53,7 @@ from deviceplugin.dra.registration import (
     plugin_dir,
     registration_socket,
 )
+from deviceplugin.dra.slicewatch import SliceWatch
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
@@ -91,6 +94,8 @@ class DraDriver:
         self.health = HealthReporter(self.node)
         self.dra: DraServer | None = None
         self.publisher: SlicePublisher | None = None
+        self.slice_watch: SliceWatch | None = None
+        self._slice_watch_task: asyncio.Task[None] | None = None
         self.preparer: Preparer | None = None
         self._config: Config | None = None
         self._api: KubeApi | None = None
@@ -141,6 +146,8 @@ class DraDriver:
         self._report_device_plugins()
         # An API error is retried.
         await self.publisher.publish(self._publishable(inventory), engine.unhealthy)
+        self.slice_watch = SliceWatch(api, self.publisher)
+        self._slice_watch_task = spawn(self.slice_watch.run(), "dra slice watch")
         devices = await self._node_devices()
         boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
         checkpoint = Checkpoint(
@@ -179,6 +186,10 @@ class DraDriver:
             await self.registration.stop(STOP_GRACE_SECONDS)
             if self.dra is not None:
                 await self.dra.stop(STOP_GRACE_SECONDS)
+            if self._slice_watch_task is not None:
+                self._slice_watch_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._slice_watch_task
             if self.publisher is not None:
                 await self.publisher.close()
 
@@ -321,6 +332,7 @@ class DraDriver:
             last_config_error=self.engine.config_file.last_error,
             last_config_error_field=self.engine.config_file.last_error_field,
             device_plugin_conflict=self._conflict(),
+            slice_watch_error=self.slice_watch.error if self.slice_watch is not None else None,
             config_selection=self.selection_view() if self.selection_view else None,
         )
 

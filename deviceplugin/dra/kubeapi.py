@@ -1,9 +1,9 @@
 """The API-server calls the DRA driver makes, through the async Kubernetes client.
 
 `connect()` builds a client from `--kubeconfig`, from the pod's service account (in-cluster),
-or from a plain URL (the stand-in of `sim/apiserver.py`); `KubeApi` lists, creates, replaces
-and deletes this node's ResourceSlices and reads ResourceClaims, and remembers whether the latest
-call got an answer (`unreachable`, for readiness). Objects travel as plain JSON
+or from a plain URL (the stand-in of `sim/apiserver.py`); `KubeApi` lists, watches, creates,
+replaces and deletes this node's ResourceSlices and reads ResourceClaims, and remembers whether the
+latest call got an answer (`unreachable`, for readiness). Objects travel as plain JSON
 dicts both ways (`_preload_content=False`), so what the publisher compares is exactly what the
 server stored, without a round trip through the client's generated models. Every failure leaves
 as `KubeApiError` (`ConflictError` for 409), so callers handle one exception type.
@@ -11,7 +11,9 @@ as `KubeApiError` (`ConflictError` for 409), so callers handle one exception typ
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import AsyncIterator
+from typing import Any, NamedTuple
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -32,6 +34,17 @@ class KubeApiError(DevicePluginError):
 
 class ConflictError(KubeApiError):
     """409: the object changed since it was read, or already exists."""
+
+
+class SliceList(NamedTuple):
+    """The slices a list found, and the resourceVersion a watch of what follows starts at."""
+
+    items: list[JsonObject]
+    version: str
+
+
+WATCH_SECONDS = 300  # asked of the server, so that a watch ends and starts afresh now and then
+WATCH_GRACE_SECONDS = 30  # then a watch the server never ended counts as a lost connection
 
 
 async def connect(kubeconfig: str | None = None, host: str | None = None) -> KubeApi:
@@ -60,12 +73,54 @@ class KubeApi:
         self._resource = client.ResourceV1Api(api_client)
         self.unreachable: str | None = None  # why the latest call got no answer; None if it did
 
-    async def list_slices(self, node: str, driver: str) -> list[JsonObject]:
+    async def list_slices(self, node: str, driver: str) -> SliceList:
         """This node's slices of `driver`, as the server stores them."""
-        selector = f"spec.nodeName={node},spec.driver={driver}"
-        answer = await self._call(self._resource.list_resource_slice, field_selector=selector)
+        answer = await self._call(
+            self._resource.list_resource_slice, field_selector=_slices_of(node, driver)
+        )
         items = answer.get("items") or []
-        return [item for item in items if isinstance(item, dict)]
+        version = (answer.get("metadata") or {}).get("resourceVersion") or ""
+        return SliceList([item for item in items if isinstance(item, dict)], str(version))
+
+    async def watch_slices(
+        self, node: str, driver: str, since: str
+    ) -> AsyncIterator[tuple[str, JsonObject]]:
+        """The changes to this node's slices of `driver` after resourceVersion `since`, as
+        (ADDED | MODIFIED | DELETED, slice), until the server ends the watch (about every
+        WATCH_SECONDS). A refused watch, an ERROR event (410 Gone: `since` is too old) or a lost
+        connection raises KubeApiError."""
+        request: Any = self._resource.list_resource_slice  # unparsed: an aiohttp response
+        try:
+            response: aiohttp.ClientResponse = await request(
+                field_selector=_slices_of(node, driver),
+                watch=True,
+                resource_version=since,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_SECONDS,
+                _preload_content=False,
+                _request_timeout=WATCH_SECONDS + WATCH_GRACE_SECONDS,
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            self.unreachable = f"API server unreachable: {err!r}"
+            raise KubeApiError(self.unreachable) from err
+        try:
+            self.unreachable = None
+            if response.status != 200:
+                answer = json_object(await response.read())
+                message = f"watch refused with {response.status}: {answer.get('message')!r}"
+                raise KubeApiError(message, response.status)
+            while line := await response.content.readline():
+                event = json.loads(line)
+                kind, item = event.get("type"), event.get("object")
+                if kind == "ERROR" and isinstance(item, dict):
+                    message = f"watch ended: {item.get('message')!r}"
+                    raise KubeApiError(message, int(item.get("code") or 0))
+                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(item, dict):
+                    yield kind, item
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
+            raise KubeApiError(f"watch of ResourceSlices lost: {err!r}") from err
+        finally:
+            response.close()  # a watch cut short leaves a body unread: not a reusable connection
 
     async def create_slice(self, body: JsonObject) -> JsonObject:
         return await self._call(self._resource.create_resource_slice, body)
@@ -108,3 +163,7 @@ class KubeApi:
             message = f"API server answered {status}: {answer.get('message') or data[:200]!r}"
             raise (ConflictError if status == 409 else KubeApiError)(message, status)
         return answer
+
+
+def _slices_of(node: str, driver: str) -> str:
+    return f"spec.nodeName={node},spec.driver={driver}"

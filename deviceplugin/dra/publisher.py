@@ -6,6 +6,8 @@ How to use it (the composition root does this):
     publisher = SlicePublisher(api, node_name="node-1", driver="gpu.nvidia.com")
     await publisher.publish(inventory, unhealthy)   # at start, and after every change
     await publisher.refresh()                       # after the kubelet (re-)registers the plugin
+    await publisher.check(listed_items)             # a fresh list: repaired if not as written
+    await publisher.changed_on_server(kind, item)   # a watched change: repaired if not ours
     ...
     await publisher.close()                         # stops retrying, closes the client
 
@@ -22,6 +24,9 @@ What it guarantees:
   pool rewritten (consumers use only the newest generation, so no slice may lag behind), slices
   no longer needed are deleted, and so are stale slices of this node and driver found at start;
 - after a restart, slices that already say what this node has are adopted, not rewritten;
+- a slice someone else deleted, changed or added is put back as written (`dra/slicewatch.py`
+  hands over what the server says): the publisher tells its own writes from the watch by
+  resourceVersion, so its own writes cost no second look;
 - a taint keeps the `timeAdded` the API server gave it while the device stays tainted, so
   rewriting a slice never restarts a `NoExecute` toleration's countdown;
 - an API error never escapes `publish`: it is logged (`dra.publish.failed`), the slices are
@@ -29,7 +34,8 @@ What it guarantees:
   `publish` supersedes it. `publish` returns whether this call got the slices written;
   `wait_published()` waits until the newest state is on the server;
 - every attempt that reaches the API server, retries included, is reported to the optional
-  `observer` with its duration and outcome, and `written` says what the pool holds.
+  `observer` with its duration and outcome, and `written` says what the pool holds. A failed
+  repair is retried as a failed publish is.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ JsonObject = dict[str, Any]
 class SliceApi(Protocol):
     """The API calls the publisher makes (`kubeapi.KubeApi`; raises `KubeApiError`)."""
 
-    async def list_slices(self, node: str, driver: str) -> list[JsonObject]: ...
+    async def list_slices(self, node: str, driver: str) -> tuple[list[JsonObject], str]: ...
     async def create_slice(self, body: JsonObject) -> JsonObject: ...
     async def replace_slice(self, name: str, body: JsonObject) -> JsonObject: ...
     async def delete_slice(self, name: str) -> None: ...
@@ -146,6 +152,25 @@ class SlicePublisher:
             self._stored = None
         return await self._attempt()
 
+    async def check(self, found: Sequence[JsonObject]) -> None:
+        """Repair the slices unless `found` (a fresh list of them) holds exactly the versions
+        last written: one was deleted, changed or added while nobody watched."""
+        async with self._lock:
+            if self._stored is None or _versions(found) == _versions(self._stored.values()):
+                return  # as written, or a sync that lists anyway is under way
+            self._stored = None
+        await self._repair("the listed slices are not the ones written")
+
+    async def changed_on_server(self, kind: str, item: JsonObject) -> None:
+        """A watch saw `item` ADDED, MODIFIED or DELETED: repair unless it is this publisher's
+        own write."""
+        async with self._lock:
+            if self._stored is None or _own_change(self._stored, kind, item):
+                return
+            self._stored = None
+        name = (item.get("metadata") or {}).get("name")
+        await self._repair(f"ResourceSlice {name} {kind.lower()} by another client")
+
     async def wait_published(self) -> None:
         """Return once the newest state given to `publish` is on the server."""
         await self._published.wait()
@@ -160,6 +185,10 @@ class SlicePublisher:
 
     # --- syncing --------------------------------------------------------------------------------
 
+    async def _repair(self, reason: str) -> None:
+        log_event(logger, "dra.slices.repair", node=self.node_name, reason=reason)
+        await self._attempt()
+
     async def _attempt(self, retry: bool = False) -> bool:
         """One sync of the newest state; on failure logs and makes sure a retry loop runs."""
         async with self._lock:
@@ -170,6 +199,7 @@ class SlicePublisher:
             except Exception as err:  # the driver must outlive any API failure
                 self._report(began, ok=False)
                 self._stored = None
+                self._synced_version = -1  # what the server holds is unknown: retry even a repair
                 self._failures += 1
                 log_event(
                     logger,
@@ -207,7 +237,7 @@ class SlicePublisher:
         if self._stored is not None and wanted == self._written:
             return False  # nothing changed since the last write
         if self._stored is None:
-            found = await self._api.list_slices(self.node_name, self.driver)
+            found, _ = await self._api.list_slices(self.node_name, self.driver)
             self._stored = {item["metadata"]["name"]: item for item in found}
             generations = {_generation(item) for item in found}
             if len(generations) == 1 and _contents(found) == wanted:
@@ -241,6 +271,26 @@ class SlicePublisher:
             generation=generation,
         )
         return True
+
+
+def _versions(items: Iterable[JsonObject]) -> dict[str, str]:
+    """Each slice's name -> resourceVersion: what tells one version of the pool from another."""
+    versions = {}
+    for item in items:
+        meta = item.get("metadata") or {}
+        versions[str(meta.get("name"))] = str(meta.get("resourceVersion"))
+    return versions
+
+
+def _own_change(stored: Mapping[str, JsonObject], kind: str, item: JsonObject) -> bool:
+    """Whether a watched change is this publisher's own: a deleted slice it no longer holds, or
+    a slice at the very version it wrote. (A change it made and then overwrote counts as
+    foreign: the repair lists, finds the pool as written and writes nothing.)"""
+    meta = item.get("metadata") or {}
+    held = stored.get(str(meta.get("name")))
+    if kind == "DELETED":
+        return held is None
+    return held is not None and _versions([held]) == _versions([item])
 
 
 def _generation(item: JsonObject) -> int:

@@ -38,6 +38,7 @@ class DraStatus:
     last_config_error_field: str | None  # the field last_config_error names, "" for none
     device_plugin_conflict: str | None = None  # why nothing is published: a device plugin serves
     config_selection: Mapping[str, Any] | None = None  # with --config-dir: the node's config
+    slice_watch_error: str | None = None  # why the watch of the slices is down; None when up
 
     @property
     def not_ready(self) -> list[str]:
@@ -75,6 +76,7 @@ class DraStatus:
             "registered": self.registered,
             "pool": None if pool is None else asdict(pool),
             "api_error": self.api_error,
+            "slice_watch_error": self.slice_watch_error,
             "device_plugin_conflict": self.device_plugin_conflict,
             "prepared_claims": self.prepared_claims,
             "unhealthy": dict(self.unhealthy),

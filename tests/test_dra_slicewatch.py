@@ -1,0 +1,222 @@
+"""dra.slicewatch with dra.publisher and dra.kubeapi, against the API-server stand-in over real
+HTTP: slices someone else deletes or edits are put back at once, the publisher's own writes
+cost no second list, a lost or refused watch starts again, and a watch from a compacted
+resourceVersion ends with 410."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from deviceplugin.dra.kubeapi import KubeApi, KubeApiError, connect
+from deviceplugin.dra.publisher import Backoff, SlicePublisher
+from deviceplugin.dra.slicewatch import SliceWatch
+from deviceplugin.sim.apiserver import ApiServer
+from tests.dranode import inventory
+
+NODE = "node-1"
+DRIVER = "gpu.nvidia.com"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+SAFETY = 10.0  # only a broken watch waits this long; no test asserts on time
+FOUND = inventory("a100-80gb-x8-mixed")  # 32 devices: one slice
+
+
+class Node:
+    """The stand-in, a publisher that has published FOUND, and its watch (not yet running)."""
+
+    def __init__(self, server: ApiServer, api: KubeApi, publisher: SlicePublisher) -> None:
+        self.server, self.api, self.publisher = server, api, publisher
+        self.watch = SliceWatch(api, publisher, Backoff(first=0.01, most=0.05))
+        self._task: asyncio.Task[None] | None = None
+
+    def start_watch(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self.watch.run())
+
+    async def stop_watch(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def lists(self) -> int:
+        """GETs of the slices: each list, and each watch (the stand-in records paths only)."""
+        return self.server.requests.count(("GET", SLICES))
+
+    def generation(self) -> int:
+        (only,) = self.server.slices.values()
+        generation: int = only["spec"]["pool"]["generation"]
+        return generation
+
+    async def until(self, what: Callable[[], bool]) -> None:
+        async with asyncio.timeout(SAFETY):
+            while not what():
+                await asyncio.sleep(0.01)
+
+    async def watching(self) -> None:
+        """Wait until a watch of the slices is open on the server."""
+        await self.until(lambda: self.server.open_watches("resourceslices") == 1)
+
+
+@contextlib.asynccontextmanager
+async def published() -> AsyncIterator[Node]:
+    server = ApiServer()
+    await server.start()
+    try:
+        api = await connect(host=server.url)
+        publisher = SlicePublisher(api, NODE, backoff=Backoff(first=0.01))
+        node = Node(server, api, publisher)
+        try:
+            assert await publisher.publish(FOUND, {})
+            yield node
+        finally:
+            await node.stop_watch()
+            await publisher.close()
+    finally:
+        await server.stop()
+
+
+async def wipe(server: ApiServer) -> None:
+    """What the kubelet does to a node's slices when it starts: one delete-collection."""
+    async with aiohttp.ClientSession() as session:
+        selector = f"spec.nodeName={NODE},spec.driver={DRIVER}"
+        url = f"{server.url}{SLICES}"
+        async with session.delete(url, params={"fieldSelector": selector}) as answer:
+            assert answer.status == 200
+
+
+async def replace(server: ApiServer, body: dict[str, Any]) -> None:
+    """An edit by another client (`kubectl edit`)."""
+    async with aiohttp.ClientSession() as session:
+        url = f"{server.url}{SLICES}/{body['metadata']['name']}"
+        async with session.put(url, data=json.dumps(body)) as answer:
+            assert answer.status == 200, await answer.text()
+
+
+def test_slices_the_kubelet_wipes_are_put_back_without_a_registration() -> None:
+    async def body() -> None:
+        async with published() as node:
+            node.start_watch()
+            await node.watching()
+            await wipe(node.server)
+            await node.until(lambda: len(node.server.slices) == 1)
+            assert node.generation() == 2
+            (only,) = node.server.slices.values()
+            assert len(only["spec"]["devices"]) == 32
+            assert node.watch.error is None
+
+    asyncio.run(body())
+
+
+def test_a_device_another_client_removed_is_written_back() -> None:
+    async def body() -> None:
+        async with published() as node:
+            node.start_watch()
+            await node.watching()
+            (stored,) = node.server.slices.values()
+            edited = copy.deepcopy(stored)
+            edited["spec"]["devices"] = edited["spec"]["devices"][1:]
+            await replace(node.server, edited)
+            await node.until(
+                lambda: len(next(iter(node.server.slices.values()))["spec"]["devices"]) == 32
+            )
+            assert node.generation() == 2
+
+    asyncio.run(body())
+
+
+def test_the_publishers_own_writes_cost_no_second_list() -> None:
+    async def body() -> None:
+        async with published() as node:
+            node.start_watch()
+            await node.watching()
+            before = node.lists()
+            gpu = FOUND.gpus[0].uuid
+            assert await node.publisher.publish(FOUND, {gpu: "Xid 79"})  # a rewrite: MODIFIED
+            assert node.generation() == 2
+            await wipe(node.server)  # the watch sees this after the rewrite's own event
+            await node.until(lambda: len(node.server.slices) == 1)
+            await asyncio.sleep(0.3)  # a publisher that mistook its writes would list again now
+            assert node.lists() == before + 1  # to repair the wipe; none for the rewrite
+            assert node.generation() == 3
+
+    asyncio.run(body())
+
+
+def test_a_wipe_while_nobody_watched_is_found_by_the_first_list() -> None:
+    async def body() -> None:
+        async with published() as node:
+            await wipe(node.server)
+            assert node.server.slices == {}
+            node.start_watch()
+            await node.until(lambda: len(node.server.slices) == 1)
+            assert node.generation() == 2
+
+    asyncio.run(body())
+
+
+def test_a_lost_watch_lists_again_and_watches_on() -> None:
+    async def body() -> None:
+        async with published() as node:
+            node.start_watch()
+            await node.watching()
+            node.server.end_watches()  # the connection drops
+            await node.watching()
+            await wipe(node.server)
+            await node.until(lambda: len(node.server.slices) == 1)
+            assert node.generation() == 2
+
+    asyncio.run(body())
+
+
+def test_a_refused_watch_is_retried_with_backoff_and_says_why_meanwhile() -> None:
+    async def body() -> None:
+        async with published() as node:
+            node.server.fail_next(503, count=3)  # the list, then two more tries
+            node.start_watch()
+            await node.until(lambda: node.watch.error is not None)
+            assert "503" in str(node.watch.error)
+            await node.until(lambda: node.watch.error is None)
+            await node.watching()
+            await wipe(node.server)
+            await node.until(lambda: len(node.server.slices) == 1)
+
+    asyncio.run(body())
+
+
+def test_a_watch_from_a_compacted_version_ends_with_410() -> None:
+    async def body() -> None:
+        async with published() as node:
+            listed = await node.api.list_slices(NODE, DRIVER)
+            node.server.compact()
+            with pytest.raises(KubeApiError, match="too old") as raised:
+                async for _ in node.api.watch_slices(NODE, DRIVER, listed.version):
+                    pass
+            assert raised.value.status == 410
+
+    asyncio.run(body())
+
+
+def test_a_watch_yields_the_changes_after_the_listed_version() -> None:
+    async def body() -> None:
+        async with published() as node:
+            listed = await node.api.list_slices(NODE, DRIVER)
+            await wipe(node.server)  # before the watch: it starts from the listed version
+
+            async def changes() -> list[tuple[str, str]]:
+                watched = node.api.watch_slices(NODE, DRIVER, listed.version)
+                return [(kind, item["metadata"]["name"]) async for kind, item in watched]
+
+            watched = asyncio.get_running_loop().create_task(changes())
+            await node.watching()
+            node.server.end_watches()
+            names = [item["metadata"]["name"] for item in listed.items]
+            assert await watched == [("DELETED", name) for name in names]
+
+    asyncio.run(body())
