@@ -376,6 +376,22 @@ def test_kubelet_restart_re_registers_and_keeps_prepared_claims() -> None:
     assert pod(name)["status"]["containerStatuses"][0]["restartCount"] == 0
 
 
+def test_slices_deleted_behind_the_drivers_back_are_put_back_by_its_watch() -> None:
+    """The kubelet's start-up wipe runs in the background and is retried, so it can land after
+    the driver registered with the new kubelet; an operator may delete slices by hand too. The
+    driver's watch puts the pool back, without waiting for a registration."""
+    before = published()
+    restarts = driver_pod()["status"]["containerStatuses"][0]["restartCount"]
+    selector = f"--field-selector=spec.nodeName={NODE_NAME},spec.driver={DRIVER}"
+    kubectl("delete", "resourceslices", selector)
+    wait_until("the pool put back", lambda: slices() and published().keys() == before.keys())
+    logs = kubectl("logs", *SYSTEM, driver_pod()["metadata"]["name"])
+    assert "dra.slices.repair" in logs
+    assert driver_pod()["status"]["containerStatuses"][0]["restartCount"] == restarts
+    fresh = start(claim_pod("after-wipe", "mig-slice"))
+    assert seen(fresh) == expected_for(allocated(fresh))
+
+
 def set_driver_env(assignment: str) -> None:
     """`kubectl set env` on the driver's DaemonSet (`NAME=value`, or `NAME-` to remove it), and
     wait for the rollout: the old pod gone, the new one Ready."""
