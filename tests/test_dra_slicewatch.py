@@ -26,6 +26,7 @@ DRIVER = "gpu.nvidia.com"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 SAFETY = 10.0  # only a broken watch waits this long; no test asserts on time
 FOUND = inventory("a100-80gb-x8-mixed")  # 32 devices: one slice
+QUICK = Backoff(first=0.01)
 
 
 class Node:
@@ -65,12 +66,12 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def published() -> AsyncIterator[Node]:
+async def published(backoff: Backoff = QUICK) -> AsyncIterator[Node]:
     server = ApiServer()
     await server.start()
     try:
         api = await connect(host=server.url)
-        publisher = SlicePublisher(api, NODE, backoff=Backoff(first=0.01))
+        publisher = SlicePublisher(api, NODE, backoff=backoff)
         node = Node(server, api, publisher)
         try:
             assert await publisher.publish(FOUND, {})
@@ -218,5 +219,36 @@ def test_a_watch_yields_the_changes_after_the_listed_version() -> None:
             node.server.end_watches()
             names = [item["metadata"]["name"] for item in listed.items]
             assert await watched == [("DELETED", name) for name in names]
+
+    asyncio.run(body())
+
+
+async def rival(server: ApiServer, seconds: float) -> int:
+    """Another writer that wants one device fewer in the slice, and says so whenever the slice
+    has them all again, for `seconds`. Returns how many times it wrote."""
+    wrote = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            while True:
+                (stored,) = server.slices.values()
+                if len(stored["spec"]["devices"]) == 32:
+                    edited = copy.deepcopy(stored)
+                    edited["spec"]["devices"] = edited["spec"]["devices"][1:]
+                    await replace(server, edited)
+                    wrote += 1
+                await asyncio.sleep(0.005)
+    return wrote
+
+
+def test_two_writers_with_other_content_do_not_fight_at_full_speed() -> None:
+    async def body() -> None:
+        async with published(Backoff(first=0.1, most=1.0)) as node:
+            node.start_watch()
+            await node.watching()
+            await rival(node.server, seconds=2.0)
+            # Repairs wait 0, 0.1, 0.2, 0.4, 0.8 s...: at most 6 in 2 s (the rival needs about
+            # 10 ms a round, so at full speed it would be a hundred), and none given up.
+            repairs = node.generation() - 1
+            assert 2 <= repairs <= 6
 
     asyncio.run(body())

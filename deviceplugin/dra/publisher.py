@@ -26,7 +26,10 @@ What it guarantees:
 - after a restart, slices that already say what this node has are adopted, not rewritten;
 - a slice someone else deleted, changed or added is put back as written (`dra/slicewatch.py`
   hands over what the server says): the publisher tells its own writes from the watch by
-  resourceVersion, so its own writes cost no second look;
+  resourceVersion, so its own writes cost no second look. The first repair after a quiet
+  minute is made at once; while repairs keep coming (another writer with other content, such
+  as the other instance during a rolling update) each waits as a retry does, so two writers
+  never fight at full speed;
 - a taint keeps the `timeAdded` the API server gave it while the device stays tainted, so
   rewriting a slice never restarts a `NoExecute` toleration's countdown;
 - an API error never escapes `publish`: it is logged (`dra.publish.failed`), the slices are
@@ -59,6 +62,8 @@ from deviceplugin.model.slices import (
 )
 
 logger = logging.getLogger(__name__)
+
+REPAIR_QUIET_SECONDS = 60.0  # repairs this far apart are each made at once
 
 JsonObject = dict[str, Any]
 
@@ -118,6 +123,8 @@ class SlicePublisher:
         self._generation = 0
         self._written: list[tuple[str, Any]] | None = None  # contents of the last write
         self._failures = 0  # failed attempts in a row
+        self._repairs = 0  # repairs since the last quiet minute
+        self._last_repair = -REPAIR_QUIET_SECONDS
         self._retry: asyncio.Task[None] | None = None
         self._published = asyncio.Event()
 
@@ -186,7 +193,15 @@ class SlicePublisher:
     # --- syncing --------------------------------------------------------------------------------
 
     async def _repair(self, reason: str) -> None:
-        log_event(logger, "dra.slices.repair", node=self.node_name, reason=reason)
+        """Sync after a change by another client: at once, unless repairs keep coming."""
+        now = time.monotonic()
+        if now - self._last_repair >= REPAIR_QUIET_SECONDS:
+            self._repairs = 0
+        self._last_repair = now
+        delay = self._backoff.delay(self._repairs) if self._repairs else 0.0
+        self._repairs += 1
+        log_event(logger, "dra.slices.repair", node=self.node_name, reason=reason, delay=delay)
+        await asyncio.sleep(delay)
         await self._attempt()
 
     async def _attempt(self, retry: bool = False) -> bool:
