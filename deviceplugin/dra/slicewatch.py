@@ -11,7 +11,8 @@ How it runs: list the slices (`publisher.check` repairs them if they are not as 
 watch from the list's resourceVersion, handing every change to `publisher.changed_on_server`,
 which tells its own writes apart. The server ends a watch after about five minutes; a refused
 or lost watch, or an expired resourceVersion (410), is tried again after a backoff that doubles
-up to the publisher's cap, with a fresh list each time. `run` until cancelled.
+up to the publisher's cap, with a fresh list each time; so is anything unexpected, logged with
+its traceback. `run` until cancelled.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ class SliceWatch:
                 self._failed("the server ended the watch at once")
             except KubeApiError as err:
                 self._failed(str(err))
+            except Exception as err:  # a surprise must not end the watch for good
+                logger.exception("dra.slices.watch.error")
+                self._failed(repr(err))
             failures += 1
             await asyncio.sleep(self._backoff.delay(failures))
 
