@@ -83,6 +83,7 @@ class PublishObserver(Protocol):
     raises."""
 
     def publish_done(self, seconds: float, ok: bool) -> None: ...
+    def slices_repaired(self) -> None: ...
 
 
 @record(frozen=True)
@@ -201,6 +202,8 @@ class SlicePublisher:
         delay = self._backoff.delay(self._repairs) if self._repairs else 0.0
         self._repairs += 1
         log_event(logger, "dra.slices.repair", node=self.node_name, reason=reason, delay=delay)
+        if self._observer is not None:
+            self._observer.slices_repaired()
         await asyncio.sleep(delay)
         await self._attempt()
 

@@ -1,6 +1,7 @@
 """The DRA driver's Prometheus metrics: `deviceplugin_dra_*`, beside the shared ones.
 
-The slice publisher reports each attempt to write the pool (`publish_done`) and the root each
+The slice publisher reports each attempt to write the pool (`publish_done`) and each repair
+of what another client changed (`slices_repaired`), and the root each
 kubelet call (`claims_done`) and, for each claim Prepare could not prepare, why
 (`prepare_failed`); the gauges are set from the driver's status when /metrics is scraped
 (`set_status`), so they never lag behind it. Names and labels are documented in
@@ -59,6 +60,11 @@ class DraMetrics(SharedMetrics):
             buckets=_SECONDS_BUCKETS,
             registry=r,
         )
+        self.repairs = Counter(
+            "deviceplugin_dra_slice_repairs",
+            "Repairs of the node's ResourceSlices after another client deleted or changed them.",
+            registry=r,
+        )
         self.claims = Counter(
             "deviceplugin_dra_claims",
             "Claims the kubelet asked to prepare or unprepare, by method and outcome.",
@@ -88,6 +94,9 @@ class DraMetrics(SharedMetrics):
         self.publishes.labels("ok" if ok else "error").inc()
         self.publish_seconds.observe(seconds)
 
+    def slices_repaired(self) -> None:
+        self.repairs.inc()
+
     def claims_done(self, method: str, seconds: float, ok: int, failed: int) -> None:
         """One kubelet call: its duration, and how many of its claims succeeded and failed."""
         self.rpc_seconds.labels(method).observe(seconds)
@@ -111,6 +120,9 @@ class NoDraMetrics(NoSharedMetrics, DraMetrics):
     """The metrics of a DRA driver that serves no /metrics: every call does nothing."""
 
     def publish_done(self, seconds: float, ok: bool) -> None:
+        pass
+
+    def slices_repaired(self) -> None:
         pass
 
     def claims_done(self, method: str, seconds: float, ok: int, failed: int) -> None:
