@@ -287,40 +287,51 @@ def test_two_writers_with_other_content_do_not_fight_at_full_speed() -> None:
     asyncio.run(body())
 
 
-def test_a_watch_event_longer_than_a_readline_arrives_whole() -> None:
-    """One event holds a whole slice: 128 devices and the server's managedFields come to a few
-    hundred KiB, and etcd takes objects up to 1.5 MiB. aiohttp's `readline` refuses a line over
-    twice its read buffer: 512 KiB by default, 4 MiB with the 2 MiB kubernetes_asyncio sets."""
-
-    def event(kind: str, name: str, padding: int) -> bytes:
-        meta = {"name": name, "resourceVersion": "9", "annotations": {"pad": "x" * padding}}
-        return json.dumps({"type": kind, "object": {"metadata": meta}}).encode() + b"\n"
+def streamed(data: bytes) -> list[tuple[str, dict[str, Any]]]:
+    """What `watch_slices` yields from a server that answers the watch with `data`, sent in
+    chunks as a network delivers it."""
 
     async def stream(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()
         await response.prepare(request)
-        data = event("MODIFIED", "big", 1_200_000) + event("DELETED", "small", 10)
-        for start in range(0, len(data), 16_384):  # in chunks, as a network delivers it
+        for start in range(0, len(data), 16_384):
             await response.write(data[start : start + 16_384])
         await response.write_eof()
         return response
 
-    async def body() -> None:
+    async def body() -> list[tuple[str, dict[str, Any]]]:
         app = web.Application()
         app.router.add_get(SLICES, stream)
         runner = web.AppRunner(app)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
         api = await connect(host=f"http://127.0.0.1:{runner.addresses[0][1]}")
         try:
-            changes = [
-                (kind, item["metadata"]["name"], len(item["metadata"]["annotations"]["pad"]))
-                async for kind, item in api.watch_slices(NODE, DRIVER, "1")
-            ]
+            return [change async for change in api.watch_slices(NODE, DRIVER, "1")]
         finally:
             await api.close()
             await runner.cleanup()
-        assert changes == [("MODIFIED", "big", 1_200_000), ("DELETED", "small", 10)]
 
-    asyncio.run(body())
+    return asyncio.run(body())
+
+
+def event(kind: str, name: str, padding: int = 0) -> bytes:
+    meta = {"name": name, "resourceVersion": "9", "annotations": {"pad": "x" * padding}}
+    return json.dumps({"type": kind, "object": {"metadata": meta}}).encode() + b"\n"
+
+
+def test_a_watch_event_longer_than_a_readline_arrives_whole() -> None:
+    """One event holds a whole slice: 128 devices and the server's managedFields come to a few
+    hundred KiB, and etcd takes objects up to 1.5 MiB. aiohttp's `readline` refuses a line over
+    twice its read buffer: 512 KiB by default, 4 MiB with the 2 MiB kubernetes_asyncio sets."""
+    changes = streamed(event("MODIFIED", "big", 1_200_000) + event("DELETED", "small", 10))
+    assert [
+        (kind, item["metadata"]["name"], len(item["metadata"]["annotations"]["pad"]))
+        for kind, item in changes
+    ] == [("MODIFIED", "big", 1_200_000), ("DELETED", "small", 10)]
+
+
+@pytest.mark.parametrize("garbled", [b"[1, 2]\n", b"{not json\n"])
+def test_a_garbled_watch_stream_is_a_lost_watch(garbled: bytes) -> None:
+    with pytest.raises(KubeApiError, match="watch of ResourceSlices lost"):
+        streamed(event("MODIFIED", "first") + garbled + event("DELETED", "never"))

@@ -110,7 +110,9 @@ class KubeApi:
                 message = f"watch refused with {response.status}: {answer.get('message')!r}"
                 raise KubeApiError(message, response.status)
             while line := await response.content.readline():
-                event = json.loads(line)
+                event = json.loads(line)  # not JSON, or not an event: lost, list again
+                if not isinstance(event, dict):
+                    raise ValueError(f"not a watch event: {line[:100]!r}")
                 kind, item = event.get("type"), event.get("object")
                 if kind == "ERROR" and isinstance(item, dict):
                     message = f"watch ended: {item.get('message')!r}"
