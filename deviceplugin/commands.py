@@ -7,11 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 from deviceplugin.model.allocation import cdi_enabled
 from deviceplugin.model.config import parse_config, summary
 from deviceplugin.model.errors import ConfigError, DevicePluginError
+from deviceplugin.model.yamlimport import yaml
 from deviceplugin.node.configread import load_config, read_text
 from deviceplugin.node.discovery import discover
 from deviceplugin.plugin.cdispec import node_spec

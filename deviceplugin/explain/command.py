@@ -26,8 +26,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from deviceplugin.explain.claims import Allocation, Candidate, allocate_all, select
 from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
 from deviceplugin.explain.selectors import SelectorError
@@ -35,6 +33,7 @@ from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.slices import build_devices
 from deviceplugin.model.xidpolicy import HealthPolicy
+from deviceplugin.model.yamlimport import yaml
 from deviceplugin.node.configread import load_config
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import GPU_LOST, xid_health

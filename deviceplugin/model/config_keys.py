@@ -21,10 +21,9 @@ from dataclasses import field
 from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
-import yaml
-
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.record import record
+from deviceplugin.model.yamlimport import yaml
 
 # A mapping shape lists its keys; a one-element list describes every item of a list; None is a
 # scalar (or any value whose type the models check).

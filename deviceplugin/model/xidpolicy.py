@@ -21,11 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Literal
 
-import yaml
-
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
 from deviceplugin.model.record import record
+from deviceplugin.model.yamlimport import yaml
 
 logger = logging.getLogger(__name__)
 

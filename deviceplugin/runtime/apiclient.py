@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import yaml
-
 from deviceplugin import __version__
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.jsonobject import JsonObject, json_object
 from deviceplugin.model.record import record
+from deviceplugin.model.yamlimport import yaml
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CONNECT_SECONDS = 10.0

@@ -24,10 +24,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.record import record
+from deviceplugin.model.yamlimport import yaml
 from deviceplugin.sim.profiles import MigShape, resolve
 
 PRESETS_DIR = Path(__file__).parent / "presets"
