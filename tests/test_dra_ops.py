@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from deviceplugin.dra.driver import DraDriver
@@ -325,11 +324,7 @@ def test_metrics_follow_publishes_prepares_unprepares_and_health() -> None:
 
             assert await node.metric("deviceplugin_dra_slice_repairs_total") == 0
             await until(lambda: node.server.open_watches("resourceslices") == 1)
-            (name,) = node.server.slices
-            async with aiohttp.ClientSession() as session:  # kubectl delete resourceslice
-                url = f"{node.server.url}/apis/resource.k8s.io/v1/resourceslices/{name}"
-                async with session.delete(url) as answer:
-                    assert answer.status == 200
+            node.server.wipe(NODE, DRIVER)
             await node.wait_metric("deviceplugin_dra_slice_repairs_total", 1)
 
     run(body)

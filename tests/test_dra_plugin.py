@@ -10,7 +10,6 @@ import json
 import os
 import time
 
-import aiohttp
 import pytest
 
 from deviceplugin.dra.checkpoint import read_boot_id
@@ -312,11 +311,7 @@ def test_a_wipe_after_registering_is_repaired_without_another_registration() -> 
             before = published(node.server)
             # The restarted kubelet's wipe, landing after the driver registered with it.
             await node.until(lambda: node.server.open_watches("resourceslices") == 1)
-            async with aiohttp.ClientSession() as session:
-                url = f"{node.server.url}/apis/resource.k8s.io/v1/resourceslices"
-                selector = f"spec.nodeName={NODE},spec.driver={DRIVER}"
-                async with session.delete(url, params={"fieldSelector": selector}) as answer:
-                    assert answer.status == 200
+            node.server.wipe(NODE, DRIVER)
             assert published(node.server) == {}
             await node.until(lambda: published(node.server).keys() == before.keys())
             assert len(node.watcher.attempts) == 1  # put back by the watch, not a registration

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import copy
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -65,32 +65,37 @@ class Node:
         """Wait until a watch of the slices is open on the server."""
         await self.until(lambda: self.server.open_watches("resourceslices") == 1)
 
+    async def pool_back(self) -> None:
+        """Wait until the node's one slice is on the server again."""
+        await self.until(lambda: len(self.server.slices) == 1)
 
-@contextlib.asynccontextmanager
-async def published(backoff: Backoff = QUICK) -> AsyncIterator[Node]:
-    server = ApiServer()
-    await server.start()
-    try:
-        api = await connect(host=server.url)
-        publisher = SlicePublisher(api, NODE, backoff=backoff)
-        node = Node(server, api, publisher)
+
+Scenario = Callable[[Node], Awaitable[None]]
+
+
+def run(scenario: Scenario, watching: bool = True, backoff: Backoff = QUICK) -> None:
+    """`scenario(node)` once FOUND is published and, when `watching`, the watch is open."""
+
+    async def main() -> None:
+        server = ApiServer()
+        await server.start()
         try:
-            assert await publisher.publish(FOUND, {})
-            yield node
+            api = await connect(host=server.url)
+            publisher = SlicePublisher(api, NODE, backoff=backoff)
+            node = Node(server, api, publisher)
+            try:
+                assert await publisher.publish(FOUND, {})
+                if watching:
+                    node.start_watch()
+                    await node.watching()
+                await scenario(node)
+            finally:
+                await node.stop_watch()
+                await publisher.close()
         finally:
-            await node.stop_watch()
-            await publisher.close()
-    finally:
-        await server.stop()
+            await server.stop()
 
-
-async def wipe(server: ApiServer) -> None:
-    """What the kubelet does to a node's slices when it starts: one delete-collection."""
-    async with aiohttp.ClientSession() as session:
-        selector = f"spec.nodeName={NODE},spec.driver={DRIVER}"
-        url = f"{server.url}{SLICES}"
-        async with session.delete(url, params={"fieldSelector": selector}) as answer:
-            assert answer.status == 200
+    asyncio.run(main())
 
 
 async def replace(server: ApiServer, body: dict[str, Any]) -> None:
@@ -101,95 +106,85 @@ async def replace(server: ApiServer, body: dict[str, Any]) -> None:
             assert answer.status == 200, await answer.text()
 
 
-def test_slices_the_kubelet_wipes_are_put_back_without_a_registration() -> None:
-    async def body() -> None:
-        async with published() as node:
-            node.start_watch()
-            await node.watching()
-            await wipe(node.server)
-            await node.until(lambda: len(node.server.slices) == 1)
-            assert node.generation() == 2
-            (only,) = node.server.slices.values()
-            assert len(only["spec"]["devices"]) == 32
-            assert node.watch.error is None
+def one_device_fewer(stored: dict[str, Any]) -> dict[str, Any]:
+    edited = copy.deepcopy(stored)
+    edited["spec"]["devices"] = edited["spec"]["devices"][1:]
+    return edited
 
-    asyncio.run(body())
+
+def test_slices_the_kubelet_wipes_are_put_back_without_a_registration() -> None:
+    async def scenario(node: Node) -> None:
+        node.server.wipe(NODE, DRIVER)
+        await node.pool_back()
+        assert node.generation() == 2
+        (only,) = node.server.slices.values()
+        assert len(only["spec"]["devices"]) == 32
+        assert node.watch.error is None
+
+    run(scenario)
 
 
 def test_a_device_another_client_removed_is_written_back() -> None:
-    async def body() -> None:
-        async with published() as node:
-            node.start_watch()
-            await node.watching()
-            (stored,) = node.server.slices.values()
-            edited = copy.deepcopy(stored)
-            edited["spec"]["devices"] = edited["spec"]["devices"][1:]
-            await replace(node.server, edited)
-            await node.until(
-                lambda: len(next(iter(node.server.slices.values()))["spec"]["devices"]) == 32
-            )
-            assert node.generation() == 2
+    async def scenario(node: Node) -> None:
+        (stored,) = node.server.slices.values()
+        await replace(node.server, one_device_fewer(stored))
+        await node.until(
+            lambda: len(next(iter(node.server.slices.values()))["spec"]["devices"]) == 32
+        )
+        assert node.generation() == 2
 
-    asyncio.run(body())
+    run(scenario)
 
 
 def test_the_publishers_own_writes_cost_no_second_list() -> None:
-    async def body() -> None:
-        async with published() as node:
-            node.start_watch()
-            await node.watching()
-            before = node.lists()
-            gpu = FOUND.gpus[0].uuid
-            assert await node.publisher.publish(FOUND, {gpu: "Xid 79"})  # a rewrite: MODIFIED
-            assert node.generation() == 2
-            await wipe(node.server)  # the watch sees this after the rewrite's own event
-            await node.until(lambda: len(node.server.slices) == 1)
-            await asyncio.sleep(0.3)  # a publisher that mistook its writes would list again now
-            assert node.lists() == before + 1  # to repair the wipe; none for the rewrite
-            assert node.generation() == 3
+    async def scenario(node: Node) -> None:
+        before = node.lists()
+        gpu = FOUND.gpus[0].uuid
+        assert await node.publisher.publish(FOUND, {gpu: "Xid 79"})  # a rewrite: MODIFIED
+        assert node.generation() == 2
+        node.server.wipe(NODE, DRIVER)  # the watch sees this after the rewrite's own event
+        await node.pool_back()
+        await asyncio.sleep(0.3)  # a publisher that mistook its writes would list again now
+        assert node.lists() == before + 1  # to repair the wipe; none for the rewrite
+        assert node.generation() == 3
 
-    asyncio.run(body())
+    run(scenario)
 
 
 def test_a_wipe_while_nobody_watched_is_found_by_the_first_list() -> None:
-    async def body() -> None:
-        async with published() as node:
-            await wipe(node.server)
-            assert node.server.slices == {}
-            node.start_watch()
-            await node.until(lambda: len(node.server.slices) == 1)
-            assert node.generation() == 2
+    async def scenario(node: Node) -> None:
+        node.server.wipe(NODE, DRIVER)
+        assert node.server.slices == {}
+        node.start_watch()
+        await node.pool_back()
+        assert node.generation() == 2
 
-    asyncio.run(body())
+    run(scenario, watching=False)
 
 
 def test_a_lost_watch_lists_again_and_watches_on() -> None:
-    async def body() -> None:
-        async with published() as node:
-            node.start_watch()
-            await node.watching()
-            node.server.end_watches()  # the connection drops
-            await node.watching()
-            await wipe(node.server)
-            await node.until(lambda: len(node.server.slices) == 1)
-            assert node.generation() == 2
+    async def scenario(node: Node) -> None:
+        node.server.end_watches()  # the connection drops
+        await node.watching()
+        node.server.wipe(NODE, DRIVER)
+        await node.pool_back()
+        assert node.generation() == 2
 
-    asyncio.run(body())
+    run(scenario)
 
 
 def test_a_refused_watch_is_retried_with_backoff_and_says_why_meanwhile() -> None:
-    async def body() -> None:
-        async with published() as node:
-            node.server.fail_next(503, count=3)  # the list, then two more tries
-            node.start_watch()
-            await node.until(lambda: node.watch.error is not None)
-            assert "503" in str(node.watch.error)
-            await node.until(lambda: node.watch.error is None)
-            await node.watching()
-            await wipe(node.server)
-            await node.until(lambda: len(node.server.slices) == 1)
+    async def scenario(node: Node) -> None:
+        node.server.fail_next(503, count=3)  # the list, then two more tries
+        node.start_watch()
+        await node.until(lambda: node.watch.error is not None)
+        assert "503" in str(node.watch.error)
+        await node.until(lambda: node.watch.error is None)
+        await node.watching()
+        node.server.wipe(NODE, DRIVER)
+        await node.pool_back()
 
-    asyncio.run(body())
+    run(scenario, watching=False)
 
 
 class Surprising:
@@ -212,79 +207,68 @@ class Surprising:
 
 
 def test_an_unexpected_error_does_not_end_the_watch() -> None:
-    async def body() -> None:
-        async with published() as node:
-            node.watch = SliceWatch(Surprising(node.api), node.publisher, QUICK)
-            node.start_watch()
-            await node.watching()
-            assert node.watch.error is None  # "a bug" was logged, then a fresh list worked
-            await wipe(node.server)
-            await node.until(lambda: len(node.server.slices) == 1)
+    async def scenario(node: Node) -> None:
+        node.watch = SliceWatch(Surprising(node.api), node.publisher, QUICK)
+        node.start_watch()
+        await node.watching()
+        assert node.watch.error is None  # "a bug" was logged, then a fresh list worked
+        node.server.wipe(NODE, DRIVER)
+        await node.pool_back()
 
-    asyncio.run(body())
+    run(scenario, watching=False)
 
 
 def test_a_watch_from_a_compacted_version_ends_with_410() -> None:
-    async def body() -> None:
-        async with published() as node:
-            listed = await node.api.list_slices(NODE, DRIVER)
-            node.server.compact()
-            with pytest.raises(KubeApiError, match="too old") as raised:
-                async for _ in node.api.watch_slices(NODE, DRIVER, listed.version):
-                    pass
-            assert raised.value.status == 410
+    async def scenario(node: Node) -> None:
+        listed = await node.api.list_slices(NODE, DRIVER)
+        node.server.compact()
+        with pytest.raises(KubeApiError, match="too old") as raised:
+            async for _ in node.api.watch_slices(NODE, DRIVER, listed.version):
+                pass
+        assert raised.value.status == 410
 
-    asyncio.run(body())
+    run(scenario, watching=False)
 
 
 def test_a_watch_yields_the_changes_after_the_listed_version() -> None:
-    async def body() -> None:
-        async with published() as node:
-            listed = await node.api.list_slices(NODE, DRIVER)
-            await wipe(node.server)  # before the watch: it starts from the listed version
+    async def scenario(node: Node) -> None:
+        listed = await node.api.list_slices(NODE, DRIVER)
+        node.server.wipe(NODE, DRIVER)  # before the watch: it starts from the listed version
 
-            async def changes() -> list[tuple[str, str]]:
-                watched = node.api.watch_slices(NODE, DRIVER, listed.version)
-                return [(kind, item["metadata"]["name"]) async for kind, item in watched]
+        async def changes() -> list[tuple[str, str]]:
+            watched = node.api.watch_slices(NODE, DRIVER, listed.version)
+            return [(kind, item["metadata"]["name"]) async for kind, item in watched]
 
-            watched = asyncio.get_running_loop().create_task(changes())
-            await node.watching()
-            node.server.end_watches()
-            names = [item["metadata"]["name"] for item in listed.items]
-            assert await watched == [("DELETED", name) for name in names]
+        watched = asyncio.get_running_loop().create_task(changes())
+        await node.watching()
+        node.server.end_watches()
+        names = [item["metadata"]["name"] for item in listed.items]
+        assert await watched == [("DELETED", name) for name in names]
 
-    asyncio.run(body())
+    run(scenario, watching=False)
 
 
-async def rival(server: ApiServer, seconds: float) -> int:
+async def rival(server: ApiServer, seconds: float) -> None:
     """Another writer that wants one device fewer in the slice, and says so whenever the slice
-    has them all again, for `seconds`. Returns how many times it wrote."""
-    wrote = 0
+    has them all again, for `seconds`."""
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):
             while True:
                 (stored,) = server.slices.values()
                 if len(stored["spec"]["devices"]) == 32:
-                    edited = copy.deepcopy(stored)
-                    edited["spec"]["devices"] = edited["spec"]["devices"][1:]
-                    await replace(server, edited)
-                    wrote += 1
+                    await replace(server, one_device_fewer(stored))
                 await asyncio.sleep(0.005)
-    return wrote
 
 
 def test_two_writers_with_other_content_do_not_fight_at_full_speed() -> None:
-    async def body() -> None:
-        async with published(Backoff(first=0.1, most=1.0)) as node:
-            node.start_watch()
-            await node.watching()
-            await rival(node.server, seconds=2.0)
-            # Repairs wait 0, 0.1, 0.2, 0.4, 0.8 s...: at most 6 in 2 s (the rival needs about
-            # 10 ms a round, so at full speed it would be a hundred), and none given up.
-            repairs = node.generation() - 1
-            assert 2 <= repairs <= 6
+    async def scenario(node: Node) -> None:
+        await rival(node.server, seconds=2.0)
+        # Repairs wait 0, 0.1, 0.2, 0.4, 0.8 s...: at most 6 in 2 s (the rival needs about
+        # 10 ms a round, so at full speed it would be a hundred), and none given up.
+        repairs = node.generation() - 1
+        assert 2 <= repairs <= 6
 
-    asyncio.run(body())
+    run(scenario, backoff=Backoff(first=0.1, most=1.0))
 
 
 def streamed(data: bytes) -> list[tuple[str, dict[str, Any]]]:

@@ -146,8 +146,6 @@ class DraDriver:
         self._report_device_plugins()
         # An API error is retried.
         await self.publisher.publish(self._publishable(inventory), engine.unhealthy)
-        self.slice_watch = SliceWatch(api, self.publisher)
-        self._slice_watch_task = spawn(self.slice_watch.run(), "dra slice watch")
         devices = await self._node_devices()
         boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
         checkpoint = Checkpoint(
@@ -169,6 +167,9 @@ class DraDriver:
         self.registration.endpoint = self.dra.socket  # beside an old instance's in an update
         await self.registration.start()
         engine.start_health(self._health_changed)
+        # Once the kubelet can find the driver: its list re-reads what the publish just wrote.
+        self.slice_watch = SliceWatch(api, self.publisher)
+        self._slice_watch_task = spawn(self.slice_watch.run(), "dra slice watch")
         self._started = True
         log_event(
             logger,

@@ -293,11 +293,11 @@ class SlicePublisher:
 
 def _versions(items: Iterable[JsonObject]) -> dict[str, str]:
     """Each slice's name -> resourceVersion: what tells one version of the pool from another."""
-    versions = {}
-    for item in items:
-        meta = item.get("metadata") or {}
-        versions[str(meta.get("name"))] = str(meta.get("resourceVersion"))
-    return versions
+    return {str((item.get("metadata") or {}).get("name")): _version(item) for item in items}
+
+
+def _version(item: JsonObject) -> str:
+    return str((item.get("metadata") or {}).get("resourceVersion"))
 
 
 def _own_change(stored: Mapping[str, JsonObject], kind: str, item: JsonObject) -> bool:
@@ -308,7 +308,7 @@ def _own_change(stored: Mapping[str, JsonObject], kind: str, item: JsonObject) -
     held = stored.get(str(meta.get("name")))
     if kind == "DELETED":
         return held is None
-    return held is not None and _versions([held]) == _versions([item])
+    return held is not None and _version(held) == _version(item)
 
 
 def _generation(item: JsonObject) -> int:

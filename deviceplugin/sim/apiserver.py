@@ -16,8 +16,9 @@ It serves `serve`'s own-Node calls too: Nodes (list with the `metadata.name` fie
 watch, get, JSON merge patch of labels, checked as label keys and values are checked), Events
 (create, validated as v1 Events) and, with `nfd=True`, NFD's `NodeFeature` objects and the API
 group discovery that tells whether NFD is installed. `add_node` and `set_node_labels` stand in for
-the kubelet registering a node and for `kubectl label`; watches see their changes at once, and
-`end_watches` cuts every watch as a lost connection would.
+the kubelet registering a node and for `kubectl label`, `wipe` for the kubelet deleting a node's
+slices; watches see their changes at once, and `end_watches` cuts every watch as a lost
+connection would.
 
 `fail_next(status, count)` makes the next requests fail, `compact()` makes a slice watch from
 an older resourceVersion fail with 410 Gone, and `requests` records every call, so tests can
@@ -169,6 +170,11 @@ class ApiServer:
         """How many watches of `resource` ("nodes", "resourceslices") are open now."""
         return sum(1 for watch in self._watches if watch.resource == resource)
 
+    def wipe(self, node: str, driver: str) -> None:
+        """Delete a node's slices of `driver` as the kubelet's delete-collection does when it
+        starts: watches see each one DELETED."""
+        self._delete_matching({"spec.nodeName": node, "spec.driver": driver})
+
     def end_watches(self) -> None:
         """End every open watch, as a lost connection would."""
         for watch in self._watches:
@@ -193,6 +199,11 @@ class ApiServer:
         for watch in self._watches:
             if watch.resource == resource:
                 watch.queue.put_nowait(event)
+
+    def _delete_matching(self, fields: dict[str, str]) -> None:
+        for name, item in list(self.slices.items()):
+            if all(_SLICE_FIELDS[k](item) == v for k, v in fields.items()):
+                self._slice_deleted(name)
 
     def _slice_deleted(self, name: str) -> JsonObject:
         """Remove a slice; its DELETED event carries a new resourceVersion, as etcd's does."""
@@ -291,9 +302,7 @@ class ApiServer:
         for key in wanted:
             if key not in _SLICE_FIELDS:
                 return _status(400, "BadRequest", f'field label not supported: "{key}"')
-        for name, item in list(self.slices.items()):
-            if all(_SLICE_FIELDS[k](item) == v for k, v in wanted.items()):
-                self._slice_deleted(name)
+        self._delete_matching(wanted)
         return _json({"apiVersion": "v1", "kind": "Status", "status": "Success"})
 
     async def _create_claim(self, request: web.Request) -> web.Response:
