@@ -115,7 +115,7 @@ async def _baseline(bodies: list[bytes]) -> float:
 async def _first_publish(inventory: Inventory) -> float:
     server = ApiServer()
     await server.start()
-    publisher = SlicePublisher(await connect(host=server.url), NODE)
+    publisher = SlicePublisher(connect(server=server.url), NODE)
     try:
         started = time.perf_counter()
         if not await publisher.publish(inventory, {}):
@@ -132,7 +132,7 @@ async def _first_publish(inventory: Inventory) -> float:
 async def _changes(inventory: Inventory) -> list[float]:
     server = ApiServer()
     await server.start()
-    publisher = SlicePublisher(await connect(host=server.url), NODE)
+    publisher = SlicePublisher(connect(server=server.url), NODE)
     sick = {inventory.gpus[GPUS // 2].uuid: "xid-79"}
     try:
         await publisher.publish(inventory, {})

@@ -64,8 +64,6 @@ def _run(options: command_options.CommandOptions) -> int:
 
 # What each optional dependency is installed with (pyproject's extras).
 EXTRAS = {
-    "kubernetes_asyncio": "dra",
-    "aiohttp": "dra",
     "pydantic": "dra",
     "pydantic_core": "dra",
     "cel_expr_python": "cel",

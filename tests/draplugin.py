@@ -198,6 +198,13 @@ class Node:
         self.stopped.append(self.driver)
         self.driver = DraDriver(self.settings)
         await self.driver.start()
+        if self.driver.publisher is not None:
+            await asyncio.wait_for(self.driver.publisher.wait_published(), 30)
+
+    async def synced(self) -> None:
+        """Wait until the publisher's task has written the newest state."""
+        assert self.driver.publisher is not None
+        await asyncio.wait_for(self.driver.publisher.wait_published(), 10)
 
     async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> float:
         """Poll every 10 ms; the seconds it took. AssertionError when it does not happen."""
@@ -245,6 +252,8 @@ async def running_driver(
     node = Node(root, server, emulator, settings, DraDriver(settings), events)
     try:
         await node.driver.start()
+        if node.driver.publisher is not None:
+            await asyncio.wait_for(node.driver.publisher.wait_published(), 30)
         if watcher:
             await emulator.start()
             await emulator.wait_registered(DRIVER)

@@ -119,7 +119,7 @@ async def running_plugin(
                 task.result()
         yield plugin
     finally:
-        supervisor.request_stop()
+        supervisor.engine.request_stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 10)
         await kubelet.stop()

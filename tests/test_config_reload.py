@@ -49,7 +49,7 @@ def reloads(plugin: Plugin, result: str) -> float:
 async def rejected(plugin: Plugin, fragment: str) -> dict[str, object]:
     """Wait for the reload that refuses the file; the last good config must still serve, and
     /readyz, /healthz and /status must say so. Returns /status's config section."""
-    await until(lambda: fragment in (plugin.supervisor.status().last_config_error or ""))
+    await until(lambda: fragment in (plugin.supervisor.status().core.last_config_error or ""))
     await still_serving_the_seed(plugin)
     assert last_reload_successful(plugin) == 0
     readyz = await get(plugin.port, "/readyz")
@@ -94,7 +94,7 @@ def test_a_fifo_is_refused_and_nothing_waits_for_a_writer(
             assert await plugin.supervisor.reload("SIGHUP", force=True) is False
             plugin.config.unlink()
             plugin.config.write_text(CONFIG.format(replicas=3))
-            await until(lambda: plugin.supervisor.status().last_config_error is None)
+            await until(lambda: plugin.supervisor.status().core.last_config_error is None)
             assert await plugin.kubelet.wait_for(
                 lambda: plugin.kubelet.allocatable(GPU) == 12, WAIT
             )

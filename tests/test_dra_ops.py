@@ -23,6 +23,7 @@ import pytest
 from deviceplugin.dra.driver import DraDriver
 from deviceplugin.dra.service import run_driver
 from deviceplugin.model.log import FIELDS
+from deviceplugin.ops.corestatus import CoreStatus
 from deviceplugin.ops.drastatus import DraStatus, Pool
 from deviceplugin.ops.http import DraEndpoints, EndpointServer
 from deviceplugin.runtime.options import DraServeOptions
@@ -159,17 +160,16 @@ async def running(
     driver = DraDriver(settings)
     http = EndpointServer("127.0.0.1:0", DraEndpoints(driver))
     watcher = PluginWatcher(kubelet)
-    stop = asyncio.Event()
-    task = asyncio.get_running_loop().create_task(run_driver(driver, stop, http))
+    task = asyncio.get_running_loop().create_task(run_driver(driver, http))
     try:
-        await until(lambda: driver.status().started or task.done())
+        await until(lambda: driver.status().core.started or task.done())
         assert not task.done(), task.exception()
         if register:
             await watcher.start()
             await watcher.wait_registered(DRIVER, DEADLINE)
         yield Running(root, server, watcher, driver, http, config_dir, events)
     finally:
-        stop.set()
+        driver.engine.request_stop()
         await asyncio.wait_for(task, 15)
         await watcher.stop()
         await server.stop()
@@ -204,7 +204,7 @@ def test_ready_once_registered_and_published_and_not_while_the_api_server_is_gon
             node.event(uuid=WHOLE.uuid, xid=79)
             await node.wait_metric("deviceplugin_dra_publishes_total", 1, outcome="error")
             status, text = await node.get("/readyz")
-            assert status == 503 and text.startswith("API server unreachable:"), text
+            assert status == 503 and text.startswith("API server unreachable ("), text
             _, document = await node.get("/status")
             assert json.loads(document)["unhealthy"] == {WHOLE.uuid: "xid-79"}
 
@@ -223,11 +223,31 @@ def test_without_a_plugin_watcher_serving_on_both_sockets_is_enough() -> None:
     run(body)
 
 
+CORE = CoreStatus(
+    started=True,
+    config_source=None,
+    last_config_error=None,
+    last_config_error_field=None,
+    config_selection=None,
+    nvml_available=True,
+    monitoring=True,
+    health_monitor_alive=True,
+    unhealthy={},
+)
+
+
 @pytest.mark.parametrize(
     ("changes", "reasons"),
     [
         pytest.param({}, [], id="ready"),
-        pytest.param({"started": False, "pool": None}, ["starting"], id="starting"),
+        pytest.param(
+            {"core": replace(CORE, started=False), "pool": None}, ["starting"], id="starting"
+        ),
+        pytest.param(
+            {"core": replace(CORE, health_monitor_alive=False)},
+            ["health monitor not running"],
+            id="health-monitor-dead",
+        ),
         pytest.param({"idle": True, "registered": False, "pool": None}, [], id="idle"),
         pytest.param({"registered": False}, ["not registered with the kubelet"], id="unregistered"),
         pytest.param({"registered": False, "plugin_watcher": False}, [], id="no-watcher"),
@@ -248,9 +268,9 @@ def test_without_a_plugin_watcher_serving_on_both_sockets_is_enough() -> None:
 )
 def test_readiness_rules(changes: dict[str, Any], reasons: list[str]) -> None:
     ready = DraStatus(
+        core=CORE,
         driver=DRIVER,
         node=NODE,
-        started=True,
         idle=False,
         plugin_watcher=True,
         registered=True,
@@ -258,10 +278,6 @@ def test_readiness_rules(changes: dict[str, Any], reasons: list[str]) -> None:
         pool=Pool(generation=1, slices=1, devices=32),
         api_error=None,
         prepared_claims=0,
-        unhealthy={},
-        config_source=None,
-        last_config_error=None,
-        last_config_error_field=None,
     )
     status = replace(ready, **changes)
     assert status.not_ready == reasons
@@ -425,7 +441,7 @@ def test_a_bad_config_is_refused_once_and_the_last_good_one_stays(
             assert len(refusals()) == 2
 
             configmap(node.config_dir, good)  # back to the content in force: nothing is wrong
-            await until(lambda: node.driver.status().last_config_error is None)
+            await until(lambda: node.driver.status().core.last_config_error is None)
             _, document = await node.get("/status")
             assert json.loads(document)["config"]["last_error"] is None
             assert await node.metric("deviceplugin_config_last_reload_successful") == 1

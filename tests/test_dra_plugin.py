@@ -353,6 +353,7 @@ def test_a_mig_recut_is_republished_and_prepared_from_the_new_devices() -> None:
             assert await node.driver.rediscover() is False  # nothing changed: nothing written
             write_node(node_file, [simgpu(0), simgpu(1, **migs(1, *["1g.10gb"] * 3))])
             assert await node.driver.rediscover() is True
+            await node.synced()
             after = mig_names(published(node.server))
             assert len(after) == 3 and before < after
             (new,) = after - before

@@ -182,7 +182,7 @@ async def test_with_nfd_the_labels_go_into_a_node_feature() -> None:
 async def test_labels_alone_need_no_config_dir() -> None:
     async with running_node({}, named=False, gpu_labels=True) as node:
         await until(lambda: "nvidia.com/gpu.product" in node.api.nodes[NODE]["metadata"]["labels"])
-        assert node.supervisor.status().config_source is None  # the defaults
+        assert node.supervisor.status().core.config_source is None  # the defaults
 
 
 @in_loop

@@ -145,7 +145,7 @@ async def running_plugin(config_dir: str = "") -> AsyncIterator[Plugin]:
         await until(lambda: http.port is not None or task.done())
         yield Plugin(root, kubelet, pods, supervisor, http, config, events)
     finally:
-        supervisor.request_stop()
+        supervisor.engine.request_stop()
         await asyncio.wait_for(task, 10)
         await pods.stop()
         await kubelet.stop()
@@ -206,7 +206,7 @@ def test_counters_move_with_allocate_health_and_reload(caplog: pytest.LogCapture
             assert sample(reloaded, "deviceplugin_devices", resource=GPU) == 16
 
             replace_config(plugin.config, CONFIG.format(replicas=1))  # replicas < 2: invalid
-            await until(lambda: plugin.supervisor.status().last_config_error is not None)
+            await until(lambda: plugin.supervisor.status().core.last_config_error is not None)
             rejected = await plugin.metrics()
             assert sample(rejected, applied, result="rejected") == 1  # judged once per content
             assert sample(rejected, "deviceplugin_devices", resource=GPU) == 16

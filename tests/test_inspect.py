@@ -231,7 +231,7 @@ def test_from_a_live_plugin(root: Path, capsys: pytest.CaptureFixture[str]) -> N
             plain = settings_for(root, source=f"127.0.0.1:{http.port}", output="json")
             assert await asyncio.to_thread(inspect, plain) == 0
         finally:
-            supervisor.request_stop()
+            supervisor.engine.request_stop()
             await asyncio.wait_for(task, 10)
             await pods.stop()
             await kubelet.stop()

@@ -88,7 +88,7 @@ def test_bad_config_keeps_the_last_good_one(
             await plugin.until(lambda: reloads(plugin, "rejected") == 1)
             assert plugin.kubelet.allocatable(GPU) == 8 and plugin.kubelet.allocatable(MIG) == 28
             status = plugin.supervisor.status()
-            assert status.ready and status.last_config_error
+            assert status.ready and status.core.last_config_error
             plugin.swap_config(SEED.format(replicas=3))
             await plugin.until(lambda: len(plugin.kubelet.devices(GPU)) == 12)
 
@@ -293,9 +293,9 @@ def test_a_config_that_is_not_utf8_is_rejected_and_the_error_clears() -> None:
             good = config.read_bytes()
             config.write_bytes(good + b"# \xff\xfe\n")
             await plugin.until(lambda: reloads(plugin, "rejected") == 1)
-            assert "not UTF-8" in (plugin.supervisor.status().last_config_error or "")
+            assert "not UTF-8" in (plugin.supervisor.status().core.last_config_error or "")
             config.write_bytes(good)
-            await plugin.until(lambda: plugin.supervisor.status().last_config_error is None)
+            await plugin.until(lambda: plugin.supervisor.status().core.last_config_error is None)
             assert plugin.kubelet.allocatable(GPU) == 8 and reloads(plugin, "applied") == 0
 
     run(body())

@@ -142,12 +142,14 @@ async def running_node(
     http = HttpServer("127.0.0.1:0", supervisor, root / "no-pods.sock", read_pods=_no_pods)
     task = asyncio.get_running_loop().create_task(run_supervisor(supervisor, http))
     try:
-        await until(lambda: (supervisor.status().started and http.port is not None) or task.done())
+        await until(
+            lambda: (supervisor.status().core.started and http.port is not None) or task.done()
+        )
         if task.done():
             task.result()
         yield Node(root, api, kubelet, supervisor, http, task)
     finally:
-        supervisor.request_stop()
+        supervisor.engine.request_stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 10)
         await kubelet.stop()
@@ -325,12 +327,14 @@ async def test_a_lost_api_server_is_retried_and_the_kubelet_still_served() -> No
         await until(lambda: node.gpus() == 8)
         node.api.fail_next(503, 2)
         node.api.end_watches()
-        await until(lambda: node.supervisor.status().config_selection is not None)
-        await until(lambda: bool((node.supervisor.status().config_selection or {})["api_error"]))
+        await until(lambda: node.supervisor.status().core.config_selection is not None)
+        await until(
+            lambda: bool((node.supervisor.status().core.config_selection or {})["api_error"])
+        )
         # the kubelet is served meanwhile
         replica = sorted(node.kubelet.devices(GPU))[0]
         assert (await node.kubelet.allocate(GPU, [[replica]])).container_responses
-        await until(lambda: not (node.supervisor.status().config_selection or {})["api_error"])
+        await until(lambda: not (node.supervisor.status().core.config_selection or {})["api_error"])
         node.label("dedicated")
         await until(lambda: node.gpus() == 4)
         # only our own Node was ever asked for, by field selector

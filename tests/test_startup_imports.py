@@ -29,8 +29,9 @@ PRESET = "a100-80gb-x8-mixed"
 # the schema library the DRA driver's opaque configs use.
 HEAVY = (
     "deviceplugin.dra",
-    "kubernetes_asyncio",
-    "aiohttp",
+    "deviceplugin.runtime.kubeclient",
+    "lightkube",
+    "httpx2",
     "cel_expr_python",
     "deviceplugin.ops.http",
     "prometheus_client",

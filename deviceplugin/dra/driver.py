@@ -1,12 +1,16 @@
 """The DRA driver: a composition over the node engine, run by `dra serve` (`dra/service.py`).
 
-Start-up, in the order the kubelet needs it: the config file and flags (as `serve` merges
-them), NVML (simulated with `--simulate`), discovery (published as the hardware is: the device
-plugin's MIG strategy and sharing do not apply); the API client (`--kubeconfig`, else
-in-cluster) and the first publish of the slices; the checkpoint; the DRA socket; and last the
-registration socket, so the kubelet finds a driver that already answers. The health monitor
-then reports Xids and recoveries, each republished at once (`healthy` turns false, and the
-device is tainted unless `--unhealthy-taint off`). The slices are watched on the server and a
+Start-up, in the order the kubelet needs it, and none of it waiting on the API server: the
+config file and flags (as `serve` merges them), NVML (simulated with `--simulate`), discovery
+(published as the hardware is: the device plugin's MIG strategy and sharing do not apply); the
+API client (`--kubeconfig`, else in-cluster: nothing sent yet); the checkpoint; the DRA socket;
+the registration socket, so the kubelet finds a driver that already answers; the health
+monitor. Only then are the slices handed to the publisher, whose own task writes them, retried
+for as long as the API server is down or hangs: the kubelet side (Unprepare of checkpointed
+claims, health streams, socket repair) never waits on it. Prepare of a new claim reads the claim
+with the client's deadline and fails with an error the kubelet retries. The health monitor
+reports Xids and recoveries, each republished at once (`healthy` turns false, and the device is
+tainted unless `--unhealthy-taint off`). The slices are watched on the server and a
 slice someone else deleted or changed is put back at once (`slicewatch.py`): the kubelet wipes
 a node's slices when it starts and while none of the driver's plugins is registered. After each
 successful registration they are listed and repaired as well.
@@ -34,7 +38,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -97,15 +101,12 @@ class DraDriver:
         self.slice_watch: SliceWatch | None = None
         self._slice_watch_task: asyncio.Task[None] | None = None
         self.preparer: Preparer | None = None
-        self._config: Config | None = None
         self._api: KubeApi | None = None
         self._plugin_watcher = False  # the kubelet's plugins_registry/ was there at start
         self._started = False
         self._idle = False  # no NVML, failOnInitError false
         self._device_plugins_dir = settings.kubelet_root / "device-plugins"
         self._device_plugins: tuple[str, ...] = ()  # live NVIDIA device-plugin sockets
-        # with --config-dir: what the node's config selection reports in /status
-        self.selection_view: Callable[[], Mapping[str, Any]] | None = None
 
     @property
     def inventory(self) -> Inventory | None:
@@ -113,11 +114,7 @@ class DraDriver:
 
     @property
     def config(self) -> Config:
-        return self._config or Config()
-
-    def use_config_file(self, path: str) -> None:
-        """Read the config from `path` from now on (the node's named config)."""
-        self.engine.config_file.path = path
+        return self.engine.config
 
     async def start(self) -> None:
         """Raises ConfigError / DiscoveryError / NvmlError, which `program` maps to exit codes."""
@@ -125,15 +122,14 @@ class DraDriver:
         failpoints = Failpoints.from_env(settings.env)
         self._plugin_watcher = self.registration.socket.parent.is_dir()
         parsed, text = await engine.open_config()
-        engine.config_file.adopt(parsed, text, reloaded=False)
-        config = self._config = parsed.config
+        engine.adopt_first_config(parsed, text)
         if not engine.open_nvml(
-            config, "failOnInitError is false: publishing nothing, not registering"
+            parsed.config, "failOnInitError is false: publishing nothing, not registering"
         ):
             self._started = self._idle = True
             return
         inventory = await engine.discover_first()
-        api = self._api = await connect(kubeconfig=settings.kubeconfig)
+        api = self._api = connect(settings.kubeconfig, settings.env)  # sends nothing yet
         self.publisher = SlicePublisher(
             api,
             self.node,
@@ -144,9 +140,7 @@ class DraDriver:
         plugins_dir = self._device_plugins_dir
         self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
         self._report_device_plugins()
-        # An API error is retried.
-        await self.publisher.publish(self._publishable(inventory), engine.unhealthy)
-        devices = await self._node_devices()
+        devices = await self._node_devices(parsed.config, inventory)
         boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
         checkpoint = Checkpoint(
             self.dra_socket.parent / FILE_NAME, await asyncio.to_thread(read_boot_id, boot_file)
@@ -167,7 +161,8 @@ class DraDriver:
         self.registration.endpoint = self.dra.socket  # beside an old instance's in an update
         await self.registration.start()
         engine.start_health(self._health_changed)
-        # Once the kubelet can find the driver: its list re-reads what the publish just wrote.
+        self._publish()  # written by the publisher's task: an API server that hangs holds nothing
+        # Once the kubelet can find the driver: its list re-reads what the publish writes.
         self.slice_watch = SliceWatch(api, self.publisher)
         self._slice_watch_task = spawn(self.slice_watch.run(), "dra slice watch")
         self._started = True
@@ -215,35 +210,37 @@ class DraDriver:
         """Read the node again; on a change (MIG re-cut, a GPU gone) republish and let Prepare
         map to the new devices. A GPU marked unhealthy that stopped answering stays listed as
         unhealthy, as in `serve`. True when something changed."""
-        return await self.engine.change(self._rediscover, False)
+        if not self._serving_devices:
+            return False
+        return await self.engine.rediscover(self)
 
     async def check_device_plugins(self) -> None:
         """Stand aside while a device plugin serves NVIDIA GPUs on this node, and publish again
         once it is gone (dra/coexistence.py)."""
         await self.engine.change(self._check_device_plugins, None)
 
-    async def reload(self, trigger: str, force: bool = False) -> bool:
-        """Read the config file again: it changed, or SIGHUP `force`s it. A valid one is adopted:
-        claims prepared from now on get its CDI options (driver and dev root), the node is
-        rediscovered, and the slices are listed afresh and republished. An invalid one is
-        refused (`config.rejected`, error level, naming the field) and the last good config
-        stays. True when adopted."""
-        return await self.engine.change(lambda: self._reload(trigger, force), False)
+    async def reload(
+        self, trigger: str, force: bool = False, config_path: str | None = None
+    ) -> bool:
+        """Read the config file again (from `config_path` when the node's label chose another):
+        it changed, or SIGHUP `force`s it. A valid one is adopted once everything it needs is
+        computed: claims prepared from now on get its CDI options (driver and dev root), the
+        node is rediscovered, and the slices are listed afresh and republished. An invalid one,
+        or one whose devices cannot be read, is refused (`config.rejected`, error level, naming
+        the field) and the last good config stays in force, whole. True when adopted."""
+        if not self._started:
+            return False
+        if not self._serving_devices:  # idle: only the config file is followed
+            return await self.engine.reload(trigger, force, _ConfigOnly(), config_path)
+        return await self.engine.reload(trigger, force, self, config_path)
 
     # --- the changes ------------------------------------------------------------------------------
 
-    async def _health_changed(self, change: HealthChange) -> None:
+    async def _health_changed(self, change: HealthChange) -> Mapping[str, Any]:
         """Report one health transition the engine recorded and republish."""
-        log_event(
-            logger,
-            "device.recovered" if change.healthy else "device.unhealthy",
-            logging.INFO if change.healthy else logging.WARNING,
-            uuid=change.uuid,
-            xid=change.xid,
-            reason=change.reason,
-        )
         await self._report_health()
-        await self._publish()
+        self._publish()
+        return {}
 
     async def _heal_sockets(self) -> None:
         if self.dra is None:  # never started (no NVML with failOnInitError false)
@@ -266,19 +263,19 @@ class DraDriver:
                 self.registration.endpoint = self.dra.socket
             await server.start()
 
-    async def _rediscover(self) -> bool:
-        engine = self.engine
-        if engine.nvml is None or self._config is None or self.preparer is None:
-            return False
-        inventory = await engine.discover()
-        if inventory is None or inventory == engine.inventory:
-            return False
-        engine.adopt_inventory(inventory)
-        self.preparer.use(await self._node_devices())
+    async def plan(self, config: Config, inventory: Inventory | None) -> NodeDevices:
+        """The devices Prepare maps to under `config` on `inventory`, with the host's files read
+        now (Planner): nothing changes until `adopt`."""
+        assert inventory is not None  # a driver that serves devices has NVML
+        return await self._node_devices(config, inventory)
+
+    async def adopt(self, devices: NodeDevices) -> None:
+        """Prepare maps to `devices` from now on; health and slices follow (Planner)."""
+        assert self.preparer is not None and self.publisher is not None
+        self.preparer.use(devices)
         await self._report_health()
-        log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
-        await self._publish()
-        return True
+        self._publish()
+        self.publisher.request_refresh()
 
     async def _check_device_plugins(self) -> None:
         if self.publisher is None or self.engine.inventory is None:
@@ -288,29 +285,7 @@ class DraDriver:
             return
         self._device_plugins = found
         self._report_device_plugins()
-        await self._publish()
-
-    async def _reload(self, trigger: str, force: bool) -> bool:
-        if not self._started:
-            return False
-        reloaded = await self.engine.reloaded_config(trigger, force)
-        if reloaded is None:
-            return False
-        parsed, text = reloaded
-        self._config = parsed.config
-        # Not idle: Prepare maps to the devices with the new CDI options (rediscover did it
-        # already when the node changed).
-        if self.preparer is not None and not await self._rediscover():
-            self.preparer.use(await self._node_devices())
-        self.engine.config_file.adopt(parsed, text)  # in force: logged and counted as applied
-        if self.publisher is not None:
-            await self.publisher.refresh()
-        return True
-
-    async def _refresh(self) -> None:
-        """List the slices afresh and repair them (after each successful registration)."""
-        if self.publisher is not None:
-            await self.publisher.refresh()
+        self._publish()
 
     def status(self) -> DraStatus:
         """The driver's state now, for /readyz, /status and the gauges of /metrics."""
@@ -318,9 +293,9 @@ class DraDriver:
         if self.publisher is not None and (written := self.publisher.written) is not None:
             pool = Pool(self.publisher.generation, *written)
         return DraStatus(
+            core=self.engine.core_status(self._started),
             driver=self.settings.driver_name,
             node=self.node,
-            started=self._started,
             idle=self._idle,
             plugin_watcher=self._plugin_watcher,
             registered=self.registration.registered,
@@ -328,16 +303,15 @@ class DraDriver:
             pool=pool,
             api_error=self._api.unreachable if self._api is not None else None,
             prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
-            unhealthy=dict(self.engine.unhealthy),
-            config_source=self.engine.config_file.path,
-            last_config_error=self.engine.config_file.last_error,
-            last_config_error_field=self.engine.config_file.last_error_field,
             device_plugin_conflict=self._conflict(),
             slice_watch_error=self.slice_watch.error if self.slice_watch is not None else None,
-            config_selection=self.selection_view() if self.selection_view else None,
         )
 
     # --- internals ------------------------------------------------------------------------------
+
+    @property
+    def _serving_devices(self) -> bool:
+        return self.preparer is not None and self.publisher is not None
 
     def _publishable(self, inventory: Inventory) -> Inventory:
         """`inventory`, or no GPU at all while a device plugin owns this node's GPUs."""
@@ -360,11 +334,9 @@ class DraDriver:
         elif self._started:
             log_event(logger, "dra.device_plugin.gone", hint="publishing this node's devices")
 
-    async def _node_devices(self) -> NodeDevices:
+    async def _node_devices(self, config: Config, inventory: Inventory) -> NodeDevices:
         """The published devices with the host facts a claim's CDI spec needs, read now."""
-        inventory = self.engine.inventory
-        assert inventory is not None and self._config is not None
-        options = CdiOptions.from_config(self._config)
+        options = CdiOptions.from_config(config)
         scan = await asyncio.to_thread(
             scan_host,
             inventory.driver_version,
@@ -380,12 +352,23 @@ class DraDriver:
             states = device_states(self.preparer.devices.by_name, self.engine.unhealthy)
             await self.health.update(states)
 
-    async def _publish(self) -> None:
-        """The slices written again from the inventory and health now."""
+    def _publish(self) -> None:
+        """The slices written again, by the publisher's task, from the inventory and health
+        now."""
         inventory = self.engine.inventory
         if self.publisher is not None and inventory is not None:
-            await self.publisher.publish(self._publishable(inventory), self.engine.unhealthy)
+            self.publisher.want(self._publishable(inventory), self.engine.unhealthy)
 
     def _registration_status(self, registered: bool, error: str) -> None:
         if registered and self.publisher is not None:
-            spawn(self.engine.change(self._refresh, None), "dra registration")
+            self.publisher.request_refresh()
+
+
+class _ConfigOnly:
+    """The plan of an idle driver (no NVML): the config file alone is followed."""
+
+    async def plan(self, config: Config, inventory: Inventory | None) -> None:
+        return None
+
+    async def adopt(self, plan: None) -> None:
+        return None

@@ -60,7 +60,6 @@ from deviceplugin.dra.failpoints import (
     UNPREPARE_AFTER_CDI_SPEC_REMOVED,
     Failpoints,
 )
-from deviceplugin.dra.kubeapi import KubeApiError
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
     EXCLUSIVE,
@@ -86,6 +85,7 @@ from deviceplugin.model.log import log_event
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import device_name, physical_devices
 from deviceplugin.node.cdiwriter import SpecWriter, describe
+from deviceplugin.runtime.kubeclient import KubeError
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ LOCKED = "locked"  # another driver process holds the node's lock
 
 
 class ClaimReader(Protocol):
-    """Reads a ResourceClaim (`kubeapi.KubeApi`); raises KubeApiError."""
+    """Reads a ResourceClaim (`kubeapi.KubeApi`); raises KubeError."""
 
     async def read_claim(self, namespace: str, name: str) -> JsonObject: ...
 
@@ -427,7 +427,7 @@ class Preparer:
     async def _read(self, ref: ClaimRef) -> JsonObject | PrepareError:
         try:
             return await self._reader.read_claim(ref.namespace, ref.name)
-        except KubeApiError as err:
+        except KubeError as err:
             if err.status == 404:
                 return PrepareError(f"ResourceClaim {ref} not found", NOT_FOUND)
             return PrepareError(f"reading ResourceClaim {ref}: {err}", API_ERROR)

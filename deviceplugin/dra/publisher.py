@@ -2,20 +2,23 @@
 
 How to use it (the composition root does this):
 
-    api = await kubeapi.connect(kubeconfig=settings.kubeconfig)  # or connect(host=stand_in.url)
+    api = KubeApi(kubeclient.connect(settings.kubeconfig, env))  # or connect(..., server=url)
     publisher = SlicePublisher(api, node_name="node-1", driver="gpu.nvidia.com")
-    await publisher.publish(inventory, unhealthy)   # at start, and after every change
-    await publisher.refresh()                       # after the kubelet (re-)registers the plugin
-    await publisher.check(listed_items)             # a fresh list: repaired if not as written
-    await publisher.changed_on_server(kind, item)   # a watched change: repaired if not ours
+    publisher.want(inventory, unhealthy)   # at start, and after every change: returns at once
+    publisher.request_refresh()            # after the kubelet (re-)registers the plugin
+    publisher.check(listed_items)          # a fresh list: repaired if not as written
+    publisher.changed_on_server(kind, item)  # a watched change: repaired if not ours
     ...
-    await publisher.close()                         # stops retrying, closes the client
+    await publisher.close()                # stops syncing, closes the client
 
-`inventory` is the node as discovery found it and `unhealthy` the health engine's UUID -> reason
-(`model.slices` publishes the hardware as it is, whatever the device plugin's MIG strategy), and
-`taint` (constructor) the effect of the taint an unhealthy device gets, or None for no taint.
-Call `publish` again whenever the inventory or a device's health changes; calling it with an
-unchanged state writes nothing.
+`await publish(...)` and `await refresh()` do the same and wait for the outcome (tests, the
+benchmark). `inventory` is the node as discovery found it and `unhealthy` the health engine's
+UUID -> reason (`model.slices` publishes the hardware as it is, whatever the device plugin's
+MIG strategy), and `taint` (constructor) the effect of the taint an unhealthy device gets, or
+None for no taint. Call `want` again whenever the inventory or a device's health changes;
+calling it with an unchanged state writes nothing. Every API call is made by the publisher's
+own sync task (the shape of the slices controller behind Kubernetes' `kubeletplugin.Helper`),
+so the engine's serialized path never waits on the API server.
 
 What it guarantees:
 
@@ -32,9 +35,9 @@ What it guarantees:
   never fight at full speed;
 - a taint keeps the `timeAdded` the API server gave it while the device stays tainted, so
   rewriting a slice never restarts a `NoExecute` toleration's countdown;
-- an API error never escapes `publish`: it is logged (`dra.publish.failed`), the slices are
-  listed afresh and the write retried with exponential backoff until it succeeds or a newer
-  `publish` supersedes it. `publish` returns whether this call got the slices written;
+- an API error never escapes: it is logged (`dra.publish.failed`), the slices are listed
+  afresh and the write retried with exponential backoff until it succeeds or a newer state
+  supersedes it. `publish` returns whether the attempt that carried its state wrote it;
   `wait_published()` waits until the newest state is on the server;
 - every attempt that reaches the API server, retries included, is reported to the optional
   `observer` with its duration and outcome, and `written` says what the pool holds. A failed
@@ -69,7 +72,7 @@ JsonObject = dict[str, Any]
 
 
 class SliceApi(Protocol):
-    """The API calls the publisher makes (`kubeapi.KubeApi`; raises `KubeApiError`)."""
+    """The API calls the publisher makes (`kubeapi.KubeApi`; raises `KubeError`)."""
 
     async def list_slices(self, node: str, driver: str) -> tuple[list[JsonObject], str]: ...
     async def create_slice(self, body: JsonObject) -> JsonObject: ...
@@ -99,7 +102,8 @@ class Backoff:
 
 
 class SlicePublisher:
-    """Owns `api`: `close()` closes it."""
+    """Owns `api`: `close()` closes it. One task of its own makes every API call, so a caller
+    (the engine's serialized path) only records what it wants and never waits on the server."""
 
     def __init__(
         self,
@@ -116,9 +120,8 @@ class SlicePublisher:
         self._api = api
         self._backoff = backoff or Backoff()
         self._observer = observer
-        self._lock = asyncio.Lock()
         self._desired: list[JsonObject] = []  # the devices to publish
-        self._version = 0  # bumped by every publish(); the retry loop chases the newest
+        self._version = 0  # bumped by every want(); the sync task chases the newest
         self._synced_version = -1
         self._stored: dict[str, JsonObject] | None = None  # slices on the server; None: re-list
         self._generation = 0
@@ -126,7 +129,12 @@ class SlicePublisher:
         self._failures = 0  # failed attempts in a row
         self._repairs = 0  # repairs since the last quiet minute
         self._last_repair = -REPAIR_QUIET_SECONDS
-        self._retry: asyncio.Task[None] | None = None
+        self._not_before = 0.0  # a paced repair waits until then
+        self._wake = asyncio.Event()
+        self._syncing = False
+        self._seen_while_syncing: list[tuple[str, JsonObject]] = []
+        self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
+        self._task: asyncio.Task[None] | None = None
         self._published = asyncio.Event()
 
     @property
@@ -142,58 +150,92 @@ class SlicePublisher:
         devices = sum(len(spec.get("devices") or []) for _, spec in self._written)
         return len(self._written), devices
 
-    async def publish(self, inventory: Inventory, unhealthy: Mapping[str, str]) -> bool:
-        """Make the slices say what `inventory` and `unhealthy` say; True once written."""
+    def want(self, inventory: Inventory, unhealthy: Mapping[str, str]) -> None:
+        """Make the slices say what `inventory` and `unhealthy` say, in the background: returns
+        at once, whatever the API server does."""
         self._desired = build_devices(inventory, unhealthy, self.driver, self.taint)
         self._version += 1
         self._published.clear()
-        return await self._attempt()
+        self._kick()
 
-    async def refresh(self) -> bool:
-        """List the slices afresh and repair them: for when someone else may have changed or
-        deleted them (the kubelet wipes a node's slices when it restarts or loses the plugin
-        for 30 s, so call this after each registration). True once they say the newest state;
-        False before the first publish, which has nothing to repair them with."""
+    async def publish(self, inventory: Inventory, unhealthy: Mapping[str, str]) -> bool:
+        """`want`, then wait for the attempt that carries it: True once written, False when
+        that attempt failed (it is retried in the background)."""
+        self.want(inventory, unhealthy)
+        return await self._outcome()
+
+    def request_refresh(self) -> bool:
+        """List the slices afresh and repair them, in the background: for when someone else may
+        have changed or deleted them (the kubelet wipes a node's slices when it restarts or
+        loses the plugin for 30 s, so call this after each registration). False before the
+        first `want`, which has nothing to repair them with."""
         if self._version == 0:
             return False
-        async with self._lock:
-            self._stored = None
-        return await self._attempt()
+        self._stored = None
+        self._kick()
+        return True
 
-    async def check(self, found: Sequence[JsonObject]) -> None:
+    async def refresh(self) -> bool:
+        """`request_refresh`, then wait: True once the slices say the newest state."""
+        if not self.request_refresh():
+            return False
+        return await self._outcome()
+
+    def check(self, found: Sequence[JsonObject]) -> None:
         """Repair the slices unless `found` (a fresh list of them) holds exactly the versions
         last written: one was deleted, changed or added while nobody watched."""
-        async with self._lock:
-            if self._stored is None or _versions(found) == _versions(self._stored.values()):
-                return  # as written, or a sync that lists anyway is under way
-            self._stored = None
-        await self._repair("the listed slices are not the ones written")
+        if self._syncing or self._stored is None:
+            return  # a sync that lists anyway is under way or due
+        if _versions(found) != _versions(self._stored.values()):
+            self._repair("the listed slices are not the ones written")
 
-    async def changed_on_server(self, kind: str, item: JsonObject) -> None:
+    def changed_on_server(self, kind: str, item: JsonObject) -> None:
         """A watch saw `item` ADDED, MODIFIED or DELETED: repair unless it is this publisher's
-        own write."""
-        async with self._lock:
-            if self._stored is None or _own_change(self._stored, kind, item):
-                return
-            self._stored = None
+        own write (judged once the sync in flight, which may have made it, has ended)."""
+        if self._syncing:
+            self._seen_while_syncing.append((kind, item))
+            return
+        if self._stored is None or _own_change(self._stored, kind, item):
+            return
         name = (item.get("metadata") or {}).get("name")
-        await self._repair(f"ResourceSlice {name} {kind.lower()} by another client")
+        self._repair(f"ResourceSlice {name} {kind.lower()} by another client")
 
     async def wait_published(self) -> None:
-        """Return once the newest state given to `publish` is on the server."""
+        """Return once the newest state given to `want` is on the server."""
         await self._published.wait()
 
     async def close(self) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
+        """Stop syncing (a call in flight is cancelled) and close the client."""
+        if self._task is not None:
+            self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._retry
-            self._retry = None
+                await self._task
+            self._task = None
+        for _, waiter in self._waiters:
+            waiter.cancel()
         await self._api.close()
 
     # --- syncing --------------------------------------------------------------------------------
 
-    async def _repair(self, reason: str) -> None:
+    def _kick(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._wake.set()
+
+    async def _outcome(self) -> bool:
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters.append((self._version, waiter))
+        return await waiter
+
+    def _settle(self, version: int, ok: bool) -> None:
+        """Tell the waiters whose state the attempt at `version` carried how it went."""
+        for wanted, waiter in list(self._waiters):
+            if wanted <= version:
+                self._waiters.remove((wanted, waiter))
+                if not waiter.done():
+                    waiter.set_result(ok)
+
+    def _repair(self, reason: str) -> None:
         """Sync after a change by another client: at once, unless repairs keep coming."""
         now = time.monotonic()
         if now - self._last_repair >= REPAIR_QUIET_SECONDS:
@@ -204,50 +246,67 @@ class SlicePublisher:
         log_event(logger, "dra.slices.repair", node=self.node_name, reason=reason, delay=delay)
         if self._observer is not None:
             self._observer.slices_repaired()
-        await asyncio.sleep(delay)
-        await self._attempt()
+        self._stored = None
+        self._not_before = max(self._not_before, now + delay)
+        self._kick()
+
+    async def _run(self) -> None:
+        """The sync task: each wake syncs the newest state; a failure is retried with backoff
+        until it succeeds or a newer state supersedes it."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            wait = self._not_before - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self._version == 0:
+                continue
+            if self._stored is not None and self._synced_version == self._version:
+                self._settle(self._version, True)
+                continue
+            if not await self._attempt(retry=self._failures > 0):
+                await asyncio.sleep(self._backoff.delay(self._failures))
+                self._wake.set()
 
     async def _attempt(self, retry: bool = False) -> bool:
-        """One sync of the newest state; on failure logs and makes sure a retry loop runs."""
-        async with self._lock:
-            version = self._version
-            began = time.perf_counter()
-            try:
-                reached_api = await self._sync(self._desired)
-            except Exception as err:  # the driver must outlive any API failure
-                self._report(began, ok=False)
-                self._stored = None
-                self._synced_version = -1  # what the server holds is unknown: retry even a repair
-                self._failures += 1
-                log_event(
-                    logger,
-                    "dra.publish.failed",
-                    logging.WARNING,
-                    node=self.node_name,
-                    error=str(err) or repr(err),
-                    retry=retry,
-                )
-                if self._retry is None or self._retry.done():
-                    self._retry = asyncio.get_running_loop().create_task(self._retry_loop())
-                return False
-            if reached_api:
-                self._report(began, ok=True)
-            self._synced_version = version
-            self._failures = 0
-            if version == self._version:
-                self._published.set()
-            return True
+        """One sync of the newest state; logs a failure."""
+        version = self._version
+        began = time.perf_counter()
+        self._syncing = True
+        try:
+            reached_api = await self._sync(self._desired)
+        except Exception as err:  # the driver must outlive any API failure
+            self._report(began, ok=False)
+            self._stored = None
+            self._synced_version = -1  # what the server holds is unknown: retry even a repair
+            self._failures += 1
+            log_event(
+                logger,
+                "dra.publish.failed",
+                logging.WARNING,
+                node=self.node_name,
+                error=str(err) or repr(err),
+                retry=retry,
+            )
+            self._settle(version, False)
+            return False
+        finally:
+            self._syncing = False
+        if reached_api:
+            self._report(began, ok=True)
+        self._synced_version = version
+        self._failures = 0
+        if version == self._version:
+            self._published.set()
+        self._settle(version, True)
+        seen, self._seen_while_syncing = self._seen_while_syncing, []
+        for kind, item in seen:
+            self.changed_on_server(kind, item)
+        return True
 
     def _report(self, began: float, ok: bool) -> None:
         if self._observer is not None:
             self._observer.publish_done(time.perf_counter() - began, ok)
-
-    async def _retry_loop(self) -> None:
-        """Retries until the newest state is written; a newer publish() may get there first."""
-        while self._synced_version != self._version:
-            await asyncio.sleep(self._backoff.delay(self._failures))
-            if self._synced_version != self._version:
-                await self._attempt(retry=True)
 
     async def _sync(self, devices: Sequence[JsonObject]) -> bool:
         """Bring the server's slices to `devices`; False when that needed no API call."""

@@ -2,29 +2,24 @@
 and periodic checks, until stopped.
 
 SIGTERM/SIGINT stop the driver (both sockets removed, NVML shut down); SIGHUP forces a reload.
-The run loop is the one `serve` runs too (`runtime.run`).
+The signals and the run loop are the ones `serve` has too (`runtime.run`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from typing import TYPE_CHECKING
 
 from deviceplugin.dra.driver import DraDriver
 from deviceplugin.ops.drametrics import DraMetrics, NoDraMetrics
-from deviceplugin.runtime.background import spawn
 from deviceplugin.runtime.options import DraServeOptions
-from deviceplugin.runtime.run import run_daemon
+from deviceplugin.runtime.run import install_signals, run_daemon
 
 if TYPE_CHECKING:
     from deviceplugin.ops.http import EndpointServer
 
 
-async def run_driver(
-    driver: DraDriver, stop: asyncio.Event, http: EndpointServer | None = None
-) -> None:
-    """Run `driver` until `stop` is set: its HTTP endpoints (`http`, or those of
+async def run_driver(driver: DraDriver, http: EndpointServer | None = None) -> None:
+    """Run `driver` until its engine is asked to stop: its HTTP endpoints (`http`, or those of
     `--http-address`), its config file watched, its periodic checks. Everything started is
     stopped again, in reverse order, however this ends. HTTP listens before start-up begins, so
     /healthz answers and /readyz says "starting" meanwhile."""
@@ -36,8 +31,6 @@ async def run_driver(
     await run_daemon(
         driver,
         settings,
-        until=stop.wait,
-        shutdown=driver.stop,
         often=driver.check_node,
         failed_event="dra.periodic.failed",
         http=http,
@@ -47,12 +40,6 @@ async def run_driver(
 
 async def serve_dra(settings: DraServeOptions) -> None:
     """The `dra serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file."""
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
     driver = DraDriver(settings, DraMetrics() if settings.http_address else NoDraMetrics())
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    loop.add_signal_handler(
-        signal.SIGHUP, lambda: spawn(driver.reload("SIGHUP", force=True), "SIGHUP")
-    )
-    await run_driver(driver, stopping)
+    install_signals(driver)
+    await run_driver(driver)

@@ -23,9 +23,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from deviceplugin.dra.kubeapi import KubeApiError, SliceList
 from deviceplugin.dra.publisher import Backoff, JsonObject, SlicePublisher
 from deviceplugin.model.log import log_event
+from deviceplugin.runtime.kubeclient import KubeError, Listed
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ SHORTEST_WATCH_SECONDS = 1.0  # a watch the server ends sooner counts as failed:
 
 
 class WatchApi(Protocol):
-    async def list_slices(self, node: str, driver: str) -> SliceList: ...
+    async def list_slices(self, node: str, driver: str) -> Listed: ...
     def watch_slices(
         self, node: str, driver: str, since: str
     ) -> AsyncIterator[tuple[str, JsonObject]]: ...
@@ -60,7 +60,7 @@ class SliceWatch:
                     failures = 0  # ended as watches do: start again at once
                     continue
                 self._failed("the server ended the watch at once")
-            except KubeApiError as err:
+            except KubeError as err:
                 self._failed(str(err))
             except Exception as err:  # a surprise must not end the watch for good
                 logger.exception("dra.slices.watch.error")
@@ -76,9 +76,9 @@ class SliceWatch:
         if self.error is not None:
             log_event(logger, "dra.slices.watch.restored", node=node)
             self.error = None
-        await publisher.check(listed.items)
+        publisher.check(listed.items)
         async for kind, item in self._api.watch_slices(node, driver, listed.version):
-            await publisher.changed_on_server(kind, item)
+            publisher.changed_on_server(kind, item)
 
     def _failed(self, error: str) -> None:
         if self.error is None:  # once per outage, not once per retry

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
 from deviceplugin.model.record import record
+from deviceplugin.ops.corestatus import CoreStatus
 
 
 @record(frozen=True)
@@ -22,9 +22,9 @@ class Pool:
 class DraStatus:
     """The driver's state now; `not_ready` says what keeps it from being ready."""
 
+    core: CoreStatus
     driver: str
     node: str
-    started: bool
     idle: bool  # NVML unavailable with failOnInitError false: nothing published or registered
     plugin_watcher: bool  # the kubelet's plugins_registry/ was there at start
     registered: bool
@@ -32,12 +32,7 @@ class DraStatus:
     pool: Pool | None  # None until the slices were written once
     api_error: str | None  # why the latest API request got no answer; None when it got one
     prepared_claims: int
-    unhealthy: Mapping[str, str]  # UUID -> reason
-    config_source: str | None
-    last_config_error: str | None  # why the file's latest content was refused; None if it wasn't
-    last_config_error_field: str | None  # the field last_config_error names, "" for none
     device_plugin_conflict: str | None = None  # why nothing is published: a device plugin serves
-    config_selection: Mapping[str, Any] | None = None  # with --config-dir: the node's config
     slice_watch_error: str | None = None  # why the watch of the slices is down; None when up
 
     @property
@@ -45,12 +40,11 @@ class DraStatus:
         """Why the driver is not ready; empty when it is. Ready means: registered with the
         kubelet's plugin watcher (only serving on both sockets where there is no watcher), the
         slices written once, an answer to the latest API request, and no device plugin serving
-        NVIDIA GPUs on the node (then the driver publishes nothing). An idle driver is ready."""
-        if not self.started:
-            return ["starting"]
-        if self.idle:
-            return []
-        reasons: list[str] = []
+        NVIDIA GPUs on the node (then the driver publishes nothing), and the engine's own
+        reasons (a dead health monitor). An idle driver is ready."""
+        reasons = self.core.not_ready
+        if not self.core.started or self.idle:
+            return reasons
         if not self.serving:
             reasons.append("not serving: a socket is missing")
         elif self.plugin_watcher and not self.registered:
@@ -79,11 +73,6 @@ class DraStatus:
             "slice_watch_error": self.slice_watch_error,
             "device_plugin_conflict": self.device_plugin_conflict,
             "prepared_claims": self.prepared_claims,
-            "unhealthy": dict(self.unhealthy),
-            "config": {
-                "source": self.config_source or "defaults",
-                "last_error": self.last_config_error,
-                "last_error_field": self.last_config_error_field,
-                "selection": self.config_selection,
-            },
+            "unhealthy": dict(self.core.unhealthy),
+            "config": self.core.config_document(),
         }

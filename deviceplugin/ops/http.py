@@ -121,7 +121,7 @@ class PluginEndpoints:
         return build_snapshot(
             status.resources,
             self._supervisor.config,
-            status.config_source,
+            status.core.config_source,
             status=status,
             pods_socket=self._pods_socket,
             pods=pods,

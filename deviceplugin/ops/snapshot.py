@@ -38,10 +38,12 @@ def build_snapshot(
         "ready": None if reasons is None else not reasons,
         "not_ready": reasons,
         "config": {
-            "source": config_source or "defaults",
-            "last_error": status.last_config_error if status is not None else None,
-            "last_error_field": status.last_config_error_field if status is not None else None,
-            "selection": status.config_selection if status is not None else None,
+            **(
+                status.core.config_document()
+                if status is not None
+                else {"source": config_source or "defaults", "last_error": None}
+                | {"last_error_field": None, "selection": None}
+            ),
             "active": config.dump(),
         },
         "resources": [

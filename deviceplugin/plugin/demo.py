@@ -121,7 +121,7 @@ async def demo() -> int:
         _show(kubelet)
         return 0
     finally:
-        supervisor.request_stop()
+        supervisor.engine.request_stop()
         with contextlib.suppress(Exception):
             await runner
         await kubelet.stop()

@@ -1,24 +1,23 @@
 """`serve`: the supervisor wired to signals, file watchers and periodic checks, until stopped.
 
 SIGTERM/SIGINT stop the plugin (servers stopped, sockets removed, NVML shut down); SIGHUP forces
-a reload. Watchers catch ConfigMap swaps and kubelet restarts at once; a cheap periodic check
-catches what they cannot see (a MIG re-cut, a missed file event).
+a reload (`runtime.run`, as for `dra serve`). Watchers catch ConfigMap swaps and kubelet
+restarts at once; a cheap periodic check catches what they cannot see (a MIG re-cut, a missed
+file event).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from typing import TYPE_CHECKING
 
 from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.plugin.supervisor import Supervisor
-from deviceplugin.runtime.background import spawn
 from deviceplugin.runtime.options import ServeOptions
-from deviceplugin.runtime.run import run_daemon
+from deviceplugin.runtime.run import install_signals, run_daemon
 from deviceplugin.runtime.watch import Watchers
 
 if TYPE_CHECKING:
@@ -34,7 +33,8 @@ async def _often(supervisor: Supervisor) -> None:
 
 
 async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None) -> None:
-    """Start the supervisor and keep it reacting until `request_stop`; always cleans up.
+    """Start the supervisor and keep it reacting until its engine is asked to stop; always
+    cleans up.
 
     HTTP (`http`, or one built from `--http-address`) listens before start-up begins, so
     /healthz answers and /readyz says "starting" while devices are discovered and registered.
@@ -63,8 +63,6 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
     await run_daemon(
         supervisor,
         settings,
-        until=supervisor.wait_stopped,
-        shutdown=supervisor.shutdown,
         often=lambda: _often(supervisor),
         failed_event="periodic.failed",
         http=http,
@@ -76,11 +74,6 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
 
 async def serve(settings: ServeOptions) -> None:
     """The `serve` command: run until SIGTERM or SIGINT."""
-    loop = asyncio.get_running_loop()
     supervisor = Supervisor(settings, Metrics() if settings.http_address else NoMetrics())
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, supervisor.request_stop)
-    loop.add_signal_handler(
-        signal.SIGHUP, lambda: spawn(supervisor.reload("SIGHUP", force=True), "SIGHUP")
-    )
+    install_signals(supervisor)
     await run_supervisor(supervisor)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from deviceplugin.kubelet.registrar import Registrar
@@ -28,8 +28,9 @@ from deviceplugin.kubelet.server import PluginServer
 from deviceplugin.model.allocation import AllocateOptions
 from deviceplugin.model.config import Config, ParsedConfig
 from deviceplugin.model.devices import Inventory
-from deviceplugin.model.errors import ConfigError, DiscoveryError, NvmlError
+from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
+from deviceplugin.model.record import record
 from deviceplugin.model.resources import Plan, ResourceSet, apply_health, build_plan
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostdevices import HostDevices
@@ -44,6 +45,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@record(frozen=True)
+class Desired:
+    """What a config makes of an inventory, computed before anything changes."""
+
+    options: AllocateOptions
+    plan: Plan | None  # None without NVML
+
+
 class Supervisor:
     """Runs the plugin over the node engine: servers per resource, registration, reloads."""
 
@@ -51,17 +60,13 @@ class Supervisor:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.engine = NodeEngine(settings, self.metrics)
-        self._parsed: ParsedConfig | None = None
         self._planned: dict[str, ResourceSet] = {}
         self._servers: dict[str, PluginServer] = {}
         self._socket_names: frozenset[str] = frozenset()  # read by watcher threads
         self._registrar = Registrar(settings.kubelet_dir, self.metrics)
         self._allocator = NodeAllocator(Config())  # configured by every adopted config
         self._cdi = CdiSpecKeeper(settings.cdi_spec_dir, self.engine.proc_root)
-        self._stopped = asyncio.Event()
         self._started = False
-        # with --config-dir: what the node's config selection reports in /status
-        self.selection_view: Callable[[], Mapping[str, Any]] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -73,7 +78,9 @@ class Supervisor:
         if engine.host is not None:  # Allocate and the CDI spec read the simulated host's files
             self._allocator = NodeAllocator(Config(), host=HostDevices(engine.proc_root))
             self._cdi = CdiSpecKeeper(self.settings.cdi_spec_dir, engine.proc_root)
-        self._adopt_config(parsed, text, AllocateOptions.from_config(parsed.config), False)
+        options = AllocateOptions.from_config(parsed.config)
+        engine.adopt_first_config(parsed, text)
+        self._configure(parsed, options)
         config = parsed.config
         self._prepare_kubelet_dir()
         if not engine.open_nvml(
@@ -83,7 +90,7 @@ class Supervisor:
             self._started = True
             return
         inventory = await engine.discover_first()
-        self._adopt_inventory(inventory, await self._plan(inventory, config))
+        self._use_plan(inventory, await self._plan(inventory, config))
 
         async def first() -> None:
             self._cdi.sync(engine.inventory, config)  # every CDI name defined before registering
@@ -94,14 +101,7 @@ class Supervisor:
         engine.start_health(self._health_changed)
         self._started = True
 
-    async def wait_stopped(self) -> None:
-        await self._stopped.wait()
-
-    def request_stop(self) -> None:
-        self.engine.stopping = True
-        self._stopped.set()
-
-    async def shutdown(self) -> None:
+    async def stop(self) -> None:
         """Stop health monitoring and every server (sockets removed), then NVML."""
 
         async def stop_servers() -> None:
@@ -115,19 +115,12 @@ class Supervisor:
     def status(self) -> Status:
         from deviceplugin.ops.status import Status  # read by /readyz, /status and inspect only
 
-        engine = self.engine
         return Status(
+            core=self.engine.core_status(self._started),
             resources=self.resources,
             registered=self._registrar.registered,
-            health_monitor_alive=engine.monitor_alive,
-            nvml_available=engine.nvml is not None,
             kubelet_restarting=self._registrar.restarting,
-            config_source=engine.config_file.path,
-            last_config_error=engine.config_file.last_error,
-            last_config_error_field=engine.config_file.last_error_field,
-            started=self._started,
             cdi_spec_error=self._cdi.error,
-            config_selection=self.selection_view() if self.selection_view else None,
         )
 
     @property
@@ -137,27 +130,25 @@ class Supervisor:
 
     @property
     def config(self) -> Config:
-        return self._parsed.config if self._parsed else Config()
+        return self.engine.config
 
     @property
     def inventory(self) -> Inventory | None:
         """The node's devices as last discovered; None before discovery or without NVML."""
         return self.engine.inventory
 
-    def use_config_file(self, path: str) -> None:
-        """Read the config from `path` from now on (the node's named config): the next reload
-        applies it, or refuses it and keeps the config in force."""
-        self.engine.config_file.path = path
-
     # --- triggers: each a change on the engine's serialized path ---------------------------------
 
-    async def reload(self, trigger: str, force: bool = False) -> bool:
-        """Re-read the config and rediscover; apply only a valid result. True when applied."""
-        return await self.engine.change(lambda: self._reload(trigger, force), False)
+    async def reload(
+        self, trigger: str, force: bool = False, config_path: str | None = None
+    ) -> bool:
+        """Re-read the config (from `config_path` when the node's label chose another) and
+        rediscover; apply only a valid result. True when applied."""
+        return await self.engine.reload(trigger, force, self, config_path)
 
     async def rediscover(self) -> bool:
         """Re-read the inventory (a MIG re-cut, a GPU gone); reconcile if it changed."""
-        return await self.engine.change(self._rediscover, False)
+        return await self.engine.rediscover(self)
 
     async def retry_cdi_spec(self) -> bool:
         """Try again to write the CDI spec whose last write failed; True when it is in place."""
@@ -195,61 +186,32 @@ class Supervisor:
 
     # --- the changes ------------------------------------------------------------------------------
 
-    async def _reload(self, trigger: str, force: bool) -> bool:
-        config_file = self.engine.config_file
-        reloaded = await self.engine.reloaded_config(trigger, force)
-        if reloaded is None:
-            return False
-        parsed, text = reloaded
-        try:
-            options = AllocateOptions.from_config(parsed.config)  # unusable ones are refused
-            inventory = await self.engine.discover()
-            plan = await self._plan(inventory, parsed.config) if inventory else None
-        except (ConfigError, DiscoveryError, NvmlError) as exc:
-            config_file.reject(trigger, exc, text)
-            return False
-        if inventory is not None and plan is not None:
-            self._adopt_inventory(inventory, plan)
-        self._adopt_config(parsed, text, options)
-        self._cdi.sync(self.engine.inventory, parsed.config)
-        await self._reconcile()
-        return True
+    async def plan(self, config: Config, inventory: Inventory | None) -> Desired:
+        """The allocation options and resources `config` makes of `inventory` (Planner)."""
+        options = AllocateOptions.from_config(config)  # unusable ones are refused
+        plan = await self._plan(inventory, config) if inventory is not None else None
+        return Desired(options, plan)
 
-    async def _rediscover(self) -> bool:
-        try:
-            inventory = await self.engine.discover()
-            if inventory is None or inventory == self.engine.inventory:
-                return False
-            plan = await self._plan(inventory, self.config)
-        except (ConfigError, DiscoveryError, NvmlError) as exc:
-            log_event(logger, "inventory.rejected", logging.WARNING, error=str(exc))
-            return False
-        log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
-        self._adopt_inventory(inventory, plan)
-        self._cdi.sync(self.engine.inventory, self.config)
+    async def adopt(self, desired: Desired) -> None:
+        """Serve what `plan` computed: the engine holds the new config and inventory."""
+        engine = self.engine
+        if engine.inventory is not None and desired.plan is not None:
+            self._use_plan(engine.inventory, desired.plan)
+        assert engine.parsed is not None
+        self._configure(engine.parsed, desired.options)
+        self._cdi.sync(engine.inventory, engine.config)
         await self._reconcile()
-        return True
 
-    async def _health_changed(self, change: HealthChange) -> None:
-        """Advertise one health transition the engine recorded."""
+    async def _health_changed(self, change: HealthChange) -> Mapping[str, Any]:
+        """Advertise one health transition the engine recorded; the IDs it touched."""
         ids = [
             device.id
             for resource in self._planned.values()
             for device in resource.devices
             if change.uuid in (device.physical_uuid, device.gpu_uuid)
         ]
-        event = "device.recovered" if change.healthy else "device.unhealthy"
-        level = logging.INFO if change.healthy else logging.WARNING
-        log_event(
-            logger,
-            event,
-            level,
-            uuid=change.uuid,
-            xid=change.xid,
-            reason=change.reason,
-            ids=ids,
-        )
         await self._reconcile()
+        return {"ids": ids}
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -260,22 +222,13 @@ class Supervisor:
             lambda: build_plan(inventory, config), "planning from"
         )
 
-    def _adopt_config(
-        self,
-        parsed: ParsedConfig,
-        text: str | None,
-        options: AllocateOptions,
-        reloaded: bool = True,
-    ) -> None:
-        self._parsed = parsed
+    def _configure(self, parsed: ParsedConfig, options: AllocateOptions) -> None:
         self._allocator.configure(
             options, parsed.config.flags.plugin.shared_devices_allocation_policy
         )
-        self.engine.config_file.adopt(parsed, text, reloaded)
 
-    def _adopt_inventory(self, inventory: Inventory, plan: Plan) -> None:
-        """Make a new inventory, and the resources planned from it, the desired state."""
-        self.engine.adopt_inventory(inventory)
+    def _use_plan(self, inventory: Inventory, plan: Plan) -> None:
+        """Make the resources planned from `inventory` the desired state."""
         self._planned = dict(plan.resources)
         self._allocator.use_inventory(inventory)
         for warning in plan.warnings:

@@ -45,16 +45,21 @@ async def periodically(
     failed_event: str,
 ) -> None:
     """Run `often` every `often_seconds` and `rarely` about every `rarely_seconds` after it,
-    until cancelled. A failing turn is logged as `failed_event` and the checks go on: one bad
-    turn must not end them for good."""
+    until cancelled. A failing check is logged as `failed_event` and the checks go on: one bad
+    turn must not end them for good, and a cheap check that always fails never keeps the rare
+    one from running."""
     elapsed = 0.0
     while True:
         await asyncio.sleep(often_seconds)
         elapsed += often_seconds
-        try:
-            await often()
-            if elapsed >= rarely_seconds:
-                elapsed = 0.0
-                await rarely()
-        except Exception:
-            logger.exception(failed_event)
+        await _logged(often, failed_event)
+        if elapsed >= rarely_seconds:
+            elapsed = 0.0
+            await _logged(rarely, failed_event)
+
+
+async def _logged(check: Callable[[], Awaitable[object]], failed_event: str) -> None:
+    try:
+        await check()
+    except Exception:
+        log_exception(logger, failed_event, check=getattr(check, "__name__", repr(check)))

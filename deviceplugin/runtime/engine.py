@@ -12,7 +12,16 @@ Every state change of a daemon goes through one serialized path, `change`: a rel
 rediscovery, a health change and the periodic checks each run to their end before the next
 begins, so no change acts on state another has replaced while it waited (a rediscovery that
 was scanning the host when a reload was adopted cannot hand Prepare or ListAndWatch devices
-built from the previous config). Nothing runs there once shutdown has begun.
+built from the previous config). Nothing runs there once shutdown has begun, and nothing there
+waits on the network: a daemon hands API writes to tasks of its own (the DRA publisher).
+
+One error policy for both daemons: a reload or a rediscovery computes everything first (the
+config parsed, the node read, the daemon's `Planner.plan`), and only a complete, valid result
+is adopted (`Planner.adopt`); anything else is refused (`config.rejected`,
+`inventory.rejected`) and the last good state stays. `config.applied` is logged by
+`configfile`, and `inventory.changed` and `device.*` here, for both daemons.
+
+The engine holds the one stop request of its daemon (`request_stop`, `wait_stopped`).
 """
 
 from __future__ import annotations
@@ -20,12 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from deviceplugin.model.config import Config, ParsedConfig, load_config_text
 from deviceplugin.model.devices import Inventory, keep_unhealthy_gpus
-from deviceplugin.model.errors import ConfigError, DevicePluginError, NvmlError
+from deviceplugin.model.errors import ConfigError, DevicePluginError, DiscoveryError, NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.node.discovery import discover
 from deviceplugin.node.health import (
@@ -37,6 +46,7 @@ from deviceplugin.node.health import (
 )
 from deviceplugin.node.nvml import Nvml
 from deviceplugin.node.xidcatalog import policy_from_env
+from deviceplugin.ops.corestatus import CoreStatus
 from deviceplugin.ops.metrics import SharedMetrics
 from deviceplugin.runtime.background import spawn
 from deviceplugin.runtime.configfile import ConfigFile
@@ -57,6 +67,26 @@ REDISCOVER_SECONDS = 60.0  # how often the node is read again (a MIG re-cut, a G
 SHUTDOWN_WAIT_SECONDS = 10.0  # how long shutdown waits for the change in flight to end
 
 T = TypeVar("T")
+P = TypeVar("P")
+
+# What a reload or rediscovery may fail with: the result is refused, the last good state stays.
+REFUSALS = (ConfigError, DiscoveryError, NvmlError, OSError)
+
+HealthApply = Callable[[HealthChange], Awaitable[Mapping[str, Any]]]
+
+
+class Planner(Protocol, Generic[P]):
+    """What a daemon makes of a config and an inventory: computed first, adopted after."""
+
+    async def plan(self, config: Config, inventory: Inventory | None) -> P:
+        """Everything the daemon needs to serve `config` on `inventory`, computed, nothing
+        changed yet. Raises one of REFUSALS to refuse it."""
+        ...
+
+    async def adopt(self, plan: P) -> None:
+        """Serve `plan` (the engine's config and inventory are already the new ones). Must not
+        fail for reasons `plan` could have found."""
+        ...
 
 
 class NodeEngine:
@@ -76,6 +106,24 @@ class NodeEngine:
         self._policy = HealthPolicy()
         self._recovery_after: float | None = None
         self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self.parsed: ParsedConfig | None = None  # the config in force
+        # with --config-dir: what the node's config selection reports in /status
+        self.selection_view: Callable[[], Mapping[str, Any]] | None = None
+
+    @property
+    def config(self) -> Config:
+        return self.parsed.config if self.parsed else Config()
+
+    # --- the stop request -----------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """SIGTERM: no change begins after this, and `wait_stopped` returns."""
+        self.stopping = True
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
 
     # --- start-up -------------------------------------------------------------------------------
 
@@ -97,6 +145,11 @@ class NodeEngine:
             "parsing",
         )
         return parsed, text
+
+    def adopt_first_config(self, parsed: ParsedConfig, text: str | None) -> None:
+        """The config start-up found is in force (not counted as a reload)."""
+        self.parsed = parsed
+        self.config_file.adopt(parsed, text, reloaded=False)
 
     def open_nvml(self, config: Config, idle_hint: str) -> bool:
         """Open and initialise NVML; False (logged with `idle_hint`) when it is unavailable and
@@ -130,9 +183,10 @@ class NodeEngine:
         self.inventory = inventory
         return inventory
 
-    def start_health(self, apply: Callable[[HealthChange], Awaitable[None]]) -> None:
+    def start_health(self, apply: HealthApply) -> None:
         """Watch the inventory's devices; each transition that changes the unhealthy map is
-        handed to `apply` on the serialized path."""
+        handed to `apply` on the serialized path, then logged (`device.unhealthy`,
+        `device.recovered`) with what `apply` adds."""
         if self.nvml is None or self.inventory is None:
             return
         loop = asyncio.get_running_loop()
@@ -160,14 +214,76 @@ class NodeEngine:
                 return stopped
             return await apply()
 
-    async def _health_changed(
-        self, change: HealthChange, apply: Callable[[HealthChange], Awaitable[None]]
-    ) -> None:
+    async def _health_changed(self, change: HealthChange, apply: HealthApply) -> None:
         async def step() -> None:
-            if record_change(self.unhealthy, change):
-                await apply(change)
+            if not record_change(self.unhealthy, change):
+                return
+            extra = await apply(change)
+            log_event(
+                logger,
+                "device.recovered" if change.healthy else "device.unhealthy",
+                logging.INFO if change.healthy else logging.WARNING,
+                uuid=change.uuid,
+                xid=change.xid,
+                reason=change.reason,
+                **extra,
+            )
 
         await self.change(step, None)
+
+    # --- reload and rediscovery, for both daemons -----------------------------------------------
+
+    async def reload(
+        self, trigger: str, force: bool, planner: Planner[P], config_path: str | None = None
+    ) -> bool:
+        """Read the config file again (from `config_path` when the node's label chose another)
+        and the node with it; adopt only a complete, valid result. True when adopted."""
+
+        async def step() -> bool:
+            if config_path is not None:
+                self.config_file.path = config_path
+            reloaded = await self.reloaded_config(trigger, force)
+            if reloaded is None:
+                return False
+            parsed, text = reloaded
+            try:
+                inventory = await self.discover()
+                plan = await planner.plan(parsed.config, inventory)
+            except REFUSALS as exc:
+                self.config_file.reject(trigger, exc, text)
+                return False
+            self.parsed = parsed
+            if inventory is not None:
+                self._adopt_changed(inventory)
+            self.config_file.adopt(parsed, text)
+            await planner.adopt(plan)
+            return True
+
+        return await self.change(step, False)
+
+    async def rediscover(self, planner: Planner[P]) -> bool:
+        """Read the node again (a MIG re-cut, a GPU gone); on a change adopt it with the
+        daemon's plan for it, or refuse it (`inventory.rejected`). True when adopted."""
+
+        async def step() -> bool:
+            try:
+                inventory = await self.discover()
+                if inventory is None or inventory == self.inventory:
+                    return False
+                plan = await planner.plan(self.config, inventory)
+            except REFUSALS as exc:
+                log_event(logger, "inventory.rejected", logging.WARNING, error=str(exc))
+                return False
+            self._adopt_changed(inventory)
+            await planner.adopt(plan)
+            return True
+
+        return await self.change(step, False)
+
+    def _adopt_changed(self, inventory: Inventory) -> None:
+        if inventory != self.inventory:
+            log_event(logger, "inventory.changed", gpus=len(inventory.gpus))
+        self.adopt_inventory(inventory)
 
     # --- on the serialized path -----------------------------------------------------------------
 
@@ -218,6 +334,21 @@ class NodeEngine:
     @property
     def monitor_alive(self) -> bool:
         return self._monitor is not None and self._monitor.alive
+
+    def core_status(self, started: bool) -> CoreStatus:
+        """What both daemons' /status and /readyz share."""
+        config_file = self.config_file
+        return CoreStatus(
+            started=started,
+            config_source=config_file.path,
+            last_config_error=config_file.last_error,
+            last_config_error_field=config_file.last_error_field,
+            config_selection=self.selection_view() if self.selection_view else None,
+            nvml_available=self.nvml is not None,
+            monitoring=self.inventory is not None and bool(self.inventory.gpus),
+            health_monitor_alive=self.monitor_alive,
+            unhealthy=dict(self.unhealthy),
+        )
 
     # --- shutdown -------------------------------------------------------------------------------
 

@@ -22,10 +22,9 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from deviceplugin.model.config import Config
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
@@ -35,11 +34,14 @@ from deviceplugin.model.gpulabels import gpu_labels
 from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import SharedMetrics
-from deviceplugin.runtime.apiclient import ApiClient, ApiError, credentials
 from deviceplugin.runtime.background import spawn
+from deviceplugin.runtime.kubeclient import EVENTS, KubeClient, KubeError, connect
 from deviceplugin.runtime.nodelabels import LabelWriter
 from deviceplugin.runtime.nodewatch import NodeWatch
 from deviceplugin.runtime.options import NodeOptions
+
+if TYPE_CHECKING:
+    from deviceplugin.runtime.engine import NodeEngine
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +52,12 @@ EVENT_REASON = "DevicePluginConfigUnknown"
 
 
 class Follower(Protocol):
-    """What the agent drives: the device plugin's supervisor or the DRA driver."""
+    """What the agent drives: the device plugin's supervisor or the DRA driver. It changes
+    the daemon's state only through the engine: a new config file is read by a reload on the
+    engine's serialized path."""
 
-    selection_view: Callable[[], Mapping[str, Any]] | None
+    @property
+    def engine(self) -> NodeEngine: ...
 
     @property
     def metrics(self) -> SharedMetrics: ...
@@ -63,9 +68,9 @@ class Follower(Protocol):
     @property
     def config(self) -> Config: ...
 
-    def use_config_file(self, path: str) -> None: ...
-
-    async def reload(self, trigger: str, force: bool = False) -> bool: ...
+    async def reload(
+        self, trigger: str, force: bool = False, config_path: str | None = None
+    ) -> bool: ...
 
 
 class NodeAgent:
@@ -73,11 +78,11 @@ class NodeAgent:
     starts, `serving` after, `stop` at the end."""
 
     def __init__(
-        self, settings: NodeOptions, supervisor: Follower, client: ApiClient | None = None
+        self, settings: NodeOptions, supervisor: Follower, client: KubeClient | None = None
     ) -> None:
         self.node_name = settings.node_name or socket.gethostname()
         self._supervisor = supervisor
-        self._client = client or ApiClient(credentials(settings.kubeconfig, settings.env))
+        self._client = client or connect(settings.kubeconfig, settings.env)
         self._dir = Path(settings.config_dir) if settings.config_dir else None
         self._default = settings.default_config
         namespace = settings.env.get("POD_NAMESPACE") or "kube-system"
@@ -94,7 +99,7 @@ class NodeAgent:
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
         self._label_lock = asyncio.Lock()
-        supervisor.selection_view = self.view
+        supervisor.engine.selection_view = self.view
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -125,6 +130,8 @@ class NodeAgent:
             # a wrong label at start: the default serves, and the label is reported as wrong
             self._adopt(await self._choose(None))
             await self._refuse(exc, self._label)
+        # before the daemon starts, nothing else reads it: the file it starts with
+        self._supervisor.engine.config_file.path = str(self.config_path())
 
     def serving(self) -> None:
         """The supervisor runs: act on label changes from now on, and keep GPU labels."""
@@ -140,6 +147,7 @@ class NodeAgent:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._client.close()
 
     def config_path(self) -> Path:
         """The file of the config chosen for this node (for the config watch)."""
@@ -193,8 +201,6 @@ class NodeAgent:
             log_event(logger, "config.selection.restored", config=selection.name)
         self._error = self._reported = None
         self._supervisor.metrics.config_label_valid(True)
-        assert self._dir is not None
-        self._supervisor.use_config_file(str(self._dir / selection.name))
         log_event(
             logger,
             "config.selected",
@@ -216,7 +222,7 @@ class NodeAgent:
                 return
             if selection != self._selection or self._error is not None:
                 self._adopt(selection)
-            await self._supervisor.reload(trigger)
+            await self._supervisor.reload(trigger, config_path=str(self.config_path()))
 
     async def _refuse(self, exc: ConfigError, label: str | None) -> None:
         """Keep the config in force; say why in the log, /status, the metric and an Event."""
@@ -260,10 +266,8 @@ class NodeAgent:
             "count": 1,
         }
         try:
-            await self._client.request(
-                "POST", f"/api/v1/namespaces/{EVENT_NAMESPACE}/events", event
-            )
-        except ApiError as exc:
+            await self._client.create(EVENTS, event)
+        except KubeError as exc:
             log_event(logger, "node.event.failed", logging.WARNING, error=str(exc))
 
     # --- GPU labels ---------------------------------------------------------------------------
@@ -284,7 +288,7 @@ class NodeAgent:
         try:
             async with self._label_lock:
                 written = await self._writer.write(wanted, self._node)
-        except ApiError as exc:
+        except KubeError as exc:
             if self._label_error != str(exc):
                 log_event(logger, "gpu_labels.failed", logging.WARNING, error=str(exc))
             self._label_error = str(exc)

@@ -1,10 +1,12 @@
 """This node's Node object, followed as the API server changes it.
 
 Only the own Node is read: a list and a watch with the field selector `metadata.name=<node>`,
-which the RBAC of the chart allows (`get`, `list`, `watch` on nodes) and which costs the API
-server one object per node. Every version seen is handed to `on_node`. A lost connection, an
-expired resourceVersion (410) or a refusal is retried after a backoff that doubles up to
-BACKOFF_MAX_SECONDS; the kubelet is served meanwhile, as nothing here holds the loop.
+which the RBAC of the chart allows (`list`, `watch` on nodes) and which costs the API server
+one object per node. Every version seen is handed to `on_node`. A lost connection, an expired
+resourceVersion (410) or a refusal is retried after a backoff that doubles up to
+BACKOFF_MAX_SECONDS, with a fresh list; a watch the client ended after its time (about five
+minutes) lists afresh at once. The kubelet is served meanwhile, as nothing here holds the
+loop.
 """
 
 from __future__ import annotations
@@ -13,18 +15,15 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlencode
 
 from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.log import log_event
-from deviceplugin.runtime.apiclient import ApiClient, ApiError
+from deviceplugin.runtime.kubeclient import NODES, KubeClient, KubeError
 
 logger = logging.getLogger(__name__)
 
 BACKOFF_FIRST_SECONDS = 1.0
 BACKOFF_MAX_SECONDS = 30.0
-WATCH_TIMEOUT_SECONDS = 300  # asked of the server, so a watch ends and restarts now and then
-WATCH_GRACE_SECONDS = 30
 
 OnNode = Callable[[JsonObject], Awaitable[None]]
 
@@ -34,7 +33,7 @@ class NodeWatch:
 
     def __init__(
         self,
-        client: ApiClient,
+        client: KubeClient,
         node_name: str,
         on_node: OnNode,
         backoff_first: float = BACKOFF_FIRST_SECONDS,
@@ -54,7 +53,7 @@ class NodeWatch:
             try:
                 await self._follow()
                 delay = self._backoff_first  # the watch ended as watches do: start again
-            except ApiError as exc:
+            except KubeError as exc:
                 if self.error is None:
                     log_event(
                         logger,
@@ -70,38 +69,14 @@ class NodeWatch:
 
     async def _follow(self) -> None:
         """One list and the watch that follows it, until the watch ends."""
-        selector = {"fieldSelector": f"metadata.name={self.node_name}"}
-        listed = await self._client.request("GET", f"/api/v1/nodes?{urlencode(selector)}")
-        items = [item for item in listed.get("items") or [] if isinstance(item, dict)]
-        if not items:
-            raise ApiError(f"node {self.node_name!r} not found", 404)
-        await self._seen(items[0])
-        version = (listed.get("metadata") or {}).get("resourceVersion", "")
-        query = urlencode(
-            {
-                **selector,
-                "watch": "1",
-                "resourceVersion": version,
-                "allowWatchBookmarks": "true",
-                "timeoutSeconds": str(WATCH_TIMEOUT_SECONDS),
-            }
-        )
-        try:
-            # the server ends the watch after WATCH_TIMEOUT_SECONDS; a connection that died
-            # without a word would otherwise be waited on for ever
-            async with asyncio.timeout(WATCH_TIMEOUT_SECONDS + WATCH_GRACE_SECONDS):
-                async for event in self._client.watch(f"/api/v1/nodes?{query}"):
-                    await self._event(event)
-        except TimeoutError:
-            raise ApiError(f"watch of node {self.node_name!r}: no end from the server") from None
-
-    async def _event(self, event: JsonObject) -> None:
-        kind, node = event.get("type"), event.get("object")
-        if kind == "ERROR":  # 410 Gone and the like: list again
-            message = node.get("message", "") if isinstance(node, dict) else ""
-            raise ApiError(f"watch of node {self.node_name!r}: {message}", 410)
-        if kind in ("ADDED", "MODIFIED") and isinstance(node, dict):
-            await self._seen(node)
+        fields = {"metadata.name": self.node_name}
+        listed = await self._client.list(NODES, fields)
+        if not listed.items:
+            raise KubeError(f"node {self.node_name!r} not found", 404)
+        await self._seen(listed.items[0])
+        async for kind, node in self._client.watch(NODES, fields, listed.version):
+            if kind in ("ADDED", "MODIFIED"):
+                await self._seen(node)
 
     async def _seen(self, node: JsonObject) -> None:
         if self.error is not None:

@@ -1,5 +1,9 @@
 """The run loop both daemons share: a daemon started, kept reacting, and stopped again.
 
+`serve_daemon` is the one entry point of `serve` and `dra serve`: SIGTERM and SIGINT ask the
+daemon's engine to stop (its one stop request), SIGHUP forces a reload. The stop request is
+honoured at any point, start-up included: a start still waiting when it comes is cancelled.
+
 In this order: the HTTP endpoints listen first (so /healthz answers and /readyz says "starting"
 while the node is read), the own Node is followed when asked (`--config-dir`, `--gpu-labels`),
 the daemon starts, its config file (or the named config its Node's label chooses) is watched,
@@ -12,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from deviceplugin.runtime import collector, engine
-from deviceplugin.runtime.background import periodically
+from deviceplugin.runtime.background import periodically, spawn
 from deviceplugin.runtime.options import DaemonOptions
 from deviceplugin.runtime.watch import Watchers
 
@@ -28,6 +33,8 @@ if TYPE_CHECKING:  # the own Node's follower is loaded only where a daemon follo
         """What the run loop drives: the device plugin's supervisor or the DRA driver."""
 
         async def start(self) -> None: ...
+
+        async def stop(self) -> None: ...
 
         async def rediscover(self) -> bool: ...
 
@@ -40,12 +47,20 @@ class Endpoints(Protocol):
     async def stop(self) -> None: ...
 
 
+def install_signals(daemon: Daemon) -> None:
+    """SIGTERM and SIGINT ask the daemon's engine to stop; SIGHUP forces a reload."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.engine.request_stop)
+    loop.add_signal_handler(
+        signal.SIGHUP, lambda: spawn(daemon.reload("SIGHUP", force=True), "SIGHUP")
+    )
+
+
 async def run_daemon(
     daemon: Daemon,
     options: DaemonOptions,
     *,
-    until: Callable[[], Awaitable[object]],
-    shutdown: Callable[[], Awaitable[None]],
     often: Callable[[], Awaitable[object]],
     failed_event: str,
     http: Endpoints | None = None,
@@ -53,10 +68,11 @@ async def run_daemon(
     watch: Callable[[Watchers, asyncio.AbstractEventLoop], None] | None = None,
     started: Callable[[], None] | None = None,
 ) -> None:
-    """Run `daemon` until `until()` returns; `shutdown` stops it. `often` is the cheap periodic
-    check (its failures logged as `failed_event`), `watch` adds the daemon's own watches and
-    `started` is told once everything runs."""
+    """Run `daemon` until its engine is asked to stop; `daemon.stop()` stops it. `often` is the
+    cheap periodic check (its failures logged as `failed_event`), `watch` adds the daemon's own
+    watches and `started` is told once everything runs."""
     loop = asyncio.get_running_loop()
+    stop_requested = daemon.engine.wait_stopped
     async with contextlib.AsyncExitStack() as running:
         # start-up's pause of garbage collection ends a moment after the daemon serves, and at
         # the latest after LONGEST_PAUSE_SECONDS (a start that waits on an API server that is down)
@@ -64,15 +80,17 @@ async def run_daemon(
         if http is not None:
             await http.start()
             running.push_async_callback(http.stop)
-        running.push_async_callback(shutdown)
+        running.push_async_callback(daemon.stop)
         node = None
         if follows_node:  # only then: the API client is imported by no other daemon
             from deviceplugin.runtime.nodeagent import NodeAgent
 
             node = NodeAgent(options.node_options, daemon)
             running.push_async_callback(node.stop)
-            await node.start()
-        await daemon.start()
+            if not await _until_stopped(node.start(), stop_requested):
+                return
+        if not await _until_stopped(daemon.start(), stop_requested):
+            return
         if node is not None:
             node.serving()
         watchers = Watchers()
@@ -99,10 +117,28 @@ async def run_daemon(
         running.callback(loop.call_later(collector.SETTLE_SECONDS, collector.settle).cancel)
         if started is not None:
             started()
-        await until()
+        await stop_requested()
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
+async def _until_stopped(
+    step: Awaitable[None], stop_requested: Callable[[], Awaitable[None]]
+) -> bool:
+    """Run `step` to its end: True. False when a stop is requested first (the step is
+    cancelled): SIGTERM never waits for a start-up step."""
+    work = asyncio.ensure_future(step)
+    stop = asyncio.ensure_future(stop_requested())
+    try:
+        await asyncio.wait({work, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+    if work.done():
+        work.result()  # start-up's errors leave as they are: exit codes
+        return True
+    await _cancel(work)
+    return False
+
+
+async def _cancel(task: asyncio.Future[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
