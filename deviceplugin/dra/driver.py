@@ -328,6 +328,7 @@ class DraDriver:
             pool=pool,
             api_error=self._api.unreachable if self._api is not None else None,
             prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
+            checkpoint_unusable=self.preparer.unusable if self.preparer is not None else None,
             unhealthy=dict(self.engine.unhealthy),
             config_source=self.engine.config_file.path,
             last_config_error=self.engine.config_file.last_error,
