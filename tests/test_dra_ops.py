@@ -346,6 +346,25 @@ def test_metrics_follow_publishes_prepares_unprepares_and_health() -> None:
     run(body)
 
 
+def test_a_checkpoint_gone_bad_is_set_aside_and_reported_while_claims_are_prepared() -> None:
+    async def body() -> None:
+        async with running() as node:
+            path = node.driver.dra_socket.parent / "checkpoint.json"
+            assert await node.metric("deviceplugin_dra_checkpoint_unusable_total") == 0
+            path.write_bytes(b"\xff not a checkpoint")
+            _, answer = await node.prepare("ok", [("gpu", WHOLE_NAME)])
+            assert not answer.error
+            _, document = await node.get("/status")
+            status = json.loads(document)
+            assert status["ready"] and status["prepared_claims"] == 1
+            report = status["checkpoint"]
+            assert report["unusable"] == 1 and "not UTF-8" in report["last_error"]
+            assert Path(report["set_aside"]).read_bytes() == b"\xff not a checkpoint"
+            assert await node.metric("deviceplugin_dra_checkpoint_unusable_total") == 1
+
+    run(body)
+
+
 def test_metric_names_follow_the_prefix_and_prometheus_conventions() -> None:
     async def body() -> None:
         async with running() as node:

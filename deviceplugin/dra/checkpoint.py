@@ -18,19 +18,30 @@ records how it was set up, each key only when set (`adminAccess`, `shareID`, `sh
 Older versions are read and migrated one step at a time (`_MIGRATIONS`: version 1 had neither
 states nor a boot ID; its claims were all complete), and the next save writes the current
 version. A version newer than this driver's is refused, not guessed at.
+
+The file is read as untrusted input: only a regular file (never through a symlink) of at most
+`MAX_BYTES`, opened without blocking, so a FIFO, a device or a directory in its place is refused
+without being read. Whatever cannot be trusted (those, text that is not UTF-8 JSON, nesting
+deeper than the parser goes, a newer version, a wrong checksum) is a `CheckpointError`, the only
+exception `load` raises. The caller then moves it aside (`set_aside`): a newer driver's claims
+stay on disk for an operator. Until it is moved, this object refuses to save over it.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.record import record
-from deviceplugin.node.cdiwriter import SpecWriter
+from deviceplugin.node.cdiwriter import SpecWriter, describe, render
 
 VERSION = 2
 FILE_NAME = "checkpoint.json"
@@ -38,6 +49,18 @@ BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 STARTED = "PrepareStarted"
 COMPLETED = "PrepareCompleted"
 STATES = (STARTED, COMPLETED)
+# About 15,000 claims; a node runs a few hundred pods. A larger file is not ours.
+MAX_BYTES = 8 * 1024 * 1024
+SET_ASIDE_INFIX = ".unusable-"
+
+_NOT_REGULAR = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 class CheckpointError(DevicePluginError):
@@ -89,23 +112,97 @@ class Checkpoint:
         self.path = path
         self.boot_id = boot_id
         self._writer = SpecWriter(path)
+        self._refused = False  # the file on disk was refused and is still there
 
     def load(self) -> Saved:
         """The file's contents in the current version; empty when there is no file yet. Raises
-        CheckpointError."""
+        CheckpointError, and nothing else, whatever the file holds."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            raw = self._read()
         except FileNotFoundError:
+            self._refused = False
             return Saved(self.boot_id, {})
         except OSError as err:
-            raise CheckpointError(f"cannot read {self.path}: {err.strerror}") from err
+            self._refused = True
+            raise CheckpointError(f"cannot read {self.path}: {describe(err)}") from err
         try:
-            document = json.loads(text)
+            saved = self._parse(raw)
+        except CheckpointError:
+            self._refused = True
+            raise
+        self._refused = False
+        return saved
+
+    def set_aside(self) -> Path:
+        """Move the file refused by `load` out of the way, unread and unchanged, as
+        `checkpoint.json.unusable-<UTC time>`; its new path. Raises OSError."""
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+        target = self.path.with_name(f"{self.path.name}{SET_ASIDE_INFIX}{stamp}")
+        count = 1
+        while os.path.lexists(target):  # callers hold the node's lock: no one else renames
+            count += 1
+            target = self.path.with_name(f"{self.path.name}{SET_ASIDE_INFIX}{stamp}-{count}")
+        os.rename(self.path, target)
+        self._refused = False
+        return target
+
+    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
+        """Replace the file with `claims`, for this boot, atomically. Raises OSError, also
+        instead of replacing a file `load` refused, or writing one it would refuse."""
+        if self._refused:
+            why = "holds a checkpoint that cannot be trusted and is not set aside"
+            raise OSError(errno.EEXIST, f"{self.path} {why}")
+        data = {
+            "bootID": self.boot_id,
+            "claims": {uid: _entry(claim) for uid, claim in sorted(claims.items())},
+        }
+        document = {"version": VERSION, "checksum": checksum(data), "data": data}
+        if len(render(document)) > MAX_BYTES:
+            raise OSError(errno.EFBIG, f"{len(claims)} claims need more than {MAX_BYTES} bytes")
+        self._writer.write(document)
+
+    def _read(self) -> bytes:
+        """The file's bytes: a regular file, not followed through a symlink, opened without
+        blocking and checked on the open descriptor before anything is read. Raises OSError;
+        CheckpointError for anything but a regular file of at most MAX_BYTES."""
+        self._check_regular(os.lstat(self.path).st_mode)  # a device is not even opened
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path, flags)
+        except OSError as err:
+            if err.errno == errno.ELOOP:  # a symlink swapped in since the lstat
+                self._check_regular(stat.S_IFLNK)
+            raise
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(fd)
+            self._check_regular(info.st_mode)
+            if info.st_size > MAX_BYTES:
+                raise CheckpointError(f"{self.path}: {info.st_size} bytes, over {MAX_BYTES}")
+            raw = file.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise CheckpointError(f"{self.path}: it grew over {MAX_BYTES} bytes while read")
+        return raw
+
+    def _check_regular(self, mode: int) -> None:
+        kind = next((kind for test, kind in _NOT_REGULAR if test(mode)), None)
+        if kind is not None:
+            raise CheckpointError(f"{self.path}: it is {kind}, not a regular file")
+
+    def _parse(self, raw: bytes) -> Saved:
+        try:
+            document = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise CheckpointError(f"{self.path}: not UTF-8 ({err.reason})") from None
+        except RecursionError:
+            raise CheckpointError(f"{self.path}: nested too deeply to be a checkpoint") from None
+        except ValueError as err:
+            raise CheckpointError(f"{self.path}: not JSON: {err}") from None
+        try:
             version = document.get("version")
             if version not in range(1, VERSION + 1) or isinstance(version, bool):
                 newer = isinstance(version, int) and version > VERSION
                 raise CheckpointError(
-                    f"{self.path}: version {version!r}, this driver reads versions 1 to "
+                    f"{self.path}: version {_clipped(version)}, this driver reads versions 1 to "
                     f"{VERSION}" + (" (it was written by a newer driver)" if newer else "")
                 )
             data = document["data"]
@@ -115,16 +212,8 @@ class Checkpoint:
                 data = _MIGRATIONS[step](data)
             claims = {uid: _claim(entry) for uid, entry in data["claims"].items()}
             return Saved(str(data["bootID"]), claims, version)
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(f"{self.path}: malformed: {err!r}") from err
-
-    def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        """Replace the file with `claims`, for this boot, atomically. Raises OSError."""
-        data = {
-            "bootID": self.boot_id,
-            "claims": {uid: _entry(claim) for uid, claim in sorted(claims.items())},
-        }
-        self._writer.write({"version": VERSION, "checksum": checksum(data), "data": data})
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
+            raise CheckpointError(f"{self.path}: malformed: {_clipped(err)}") from err
 
 
 def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
@@ -140,6 +229,12 @@ def checksum(data: Any) -> str:
     """`sha256:<hex>` of `data` as canonical JSON."""
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _clipped(value: object) -> str:
+    """`value`'s repr for a message, cut short: the file's content is not worth a long line."""
+    shown = repr(value)
+    return shown if len(shown) <= 80 else f"{shown[:80]}…"
 
 
 def _from_v1(data: Mapping[str, Any]) -> dict[str, Any]:

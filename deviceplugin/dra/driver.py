@@ -303,6 +303,7 @@ class DraDriver:
             pool=pool,
             api_error=self._api.unreachable if self._api is not None else None,
             prepared_claims=len(self.preparer.prepared) if self.preparer is not None else 0,
+            checkpoint_unusable=self.preparer.unusable if self.preparer is not None else None,
             device_plugin_conflict=self._conflict(),
             slice_watch_error=self.slice_watch.error if self.slice_watch is not None else None,
         )

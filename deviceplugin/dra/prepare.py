@@ -85,6 +85,7 @@ from deviceplugin.model.log import log_event
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import device_name, physical_devices
 from deviceplugin.node.cdiwriter import SpecWriter, describe
+from deviceplugin.ops.drastatus import CheckpointUnusable
 from deviceplugin.runtime.kubeclient import KubeError
 
 logger = logging.getLogger(__name__)
@@ -227,6 +228,7 @@ class Preparer:
         self._devices = devices
         self._failpoints = failpoints or Failpoints()
         self._claims: dict[str, PreparedClaim] = {}
+        self.unusable: CheckpointUnusable | None = None  # checkpoints set aside since start
         self._lock = asyncio.Lock()
         self._node_lock = NodeLock(checkpoint.path.with_name(LOCK_FILE_NAME))
 
@@ -366,12 +368,28 @@ class Preparer:
         return str(err)
 
     async def _saved(self) -> Saved | None:
-        """The checkpoint as on disk; None (logged) when it cannot be trusted."""
+        """The checkpoint as on disk; None when it cannot be trusted: then it is logged and set
+        aside, so the next save replaces nothing (a newer driver's claims stay for an
+        operator)."""
         try:
             return await asyncio.to_thread(self._checkpoint.load)
         except CheckpointError as err:
-            log_event(logger, "dra.checkpoint.unusable", logging.ERROR, error=str(err))
-            return None
+            error = str(err)
+        try:
+            moved, why = str(await asyncio.to_thread(self._checkpoint.set_aside)), ""
+        except OSError as err:  # saves fail until it can be: nothing is lost
+            moved, why = "", describe(err)
+        log_event(
+            logger,
+            "dra.checkpoint.unusable",
+            logging.ERROR,
+            error=error,
+            set_aside=moved,
+            **({"set_aside_error": why} if why else {}),
+        )
+        count = self.unusable.count + 1 if self.unusable is not None else 1
+        self.unusable = CheckpointUnusable(count, error, moved)
+        return None
 
     async def _current(self) -> dict[str, PreparedClaim]:
         """The claims as the checkpoint holds them now (another driver process on the node may

@@ -29,7 +29,13 @@ from dataclasses import field
 from typing import Any
 
 from deviceplugin.explain.resourceapi import Claim, Constraint, DeviceChoice, DeviceClass, Request
-from deviceplugin.explain.selectors import Selector, SelectorError, cel_device, qualified
+from deviceplugin.explain.selectors import (
+    Selector,
+    SelectorError,
+    SelectorLimitError,
+    cel_device,
+    qualified,
+)
 from deviceplugin.model.record import record
 
 JsonObject = dict[str, Any]
@@ -96,7 +102,10 @@ def allocate_all(
     in_use: set[str] = set()
     allocations = []
     for claim in claims:
-        allocation = allocate(claim, classes, devices, in_use)
+        try:
+            allocation = allocate(claim, classes, devices, in_use)
+        except SelectorLimitError as err:
+            raise SelectorLimitError(f"{claim.kind} {claim.name}: {err.path}", str(err)) from err
         allocations.append(allocation)
         for request, names in allocation.devices.items():
             if request not in allocation.admin:
@@ -118,11 +127,15 @@ def allocate(
     search = _Search(claim, classes, devices, frozenset(in_use))
     try:
         found = search.request(0)
+    except SelectorLimitError:
+        raise
     except (SelectorError, _GiveUp) as err:
         return Allocation(failure=str(err))
     if not found:
         try:
             return Allocation(failure=search.why_not())
+        except SelectorLimitError:
+            raise
         except SelectorError as err:
             return Allocation(failure=str(err))
     return Allocation(
@@ -244,6 +257,8 @@ class _Search:
             selectors = (*self.classes[choice.device_class].selectors, *choice.selectors)
             try:
                 self.selectable[key] = select(selectors, device.cel)
+            except SelectorLimitError:
+                raise
             except SelectorError as err:
                 raise SelectorError(f"{choice.name}: device {device.name}: {err}") from err
         return self.selectable[key]

@@ -28,7 +28,7 @@ from typing import Any
 
 from deviceplugin.explain.claims import Allocation, Candidate, allocate_all, select
 from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
-from deviceplugin.explain.selectors import SelectorError
+from deviceplugin.explain.selectors import SelectorError, SelectorLimitError
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.slices import build_devices
@@ -73,10 +73,16 @@ def build_report(options: ExplainOptions) -> JsonObject:
         for candidate in candidates:
             try:
                 verdict[candidate.name] = select(device_class.selectors, candidate.cel)
+            except SelectorLimitError as err:
+                where = f"{options.class_file}, DeviceClass {name}: {err.path}"
+                raise ConfigError(where, str(err)) from err
             except SelectorError as err:
                 verdict[candidate.name] = f"error: {err}"
         verdicts[name] = verdict
-    allocations = allocate_all(claims, classes, candidates)
+    try:
+        allocations = allocate_all(claims, classes, candidates)
+    except SelectorLimitError as err:
+        raise ConfigError(f"{options.claim_file}, {err.path}", str(err)) from err
     return {
         "devices": [_summary(d) for d in published],
         "classes": verdicts,

@@ -18,6 +18,7 @@ namespace label `adminAccess` needs), so a report can name it.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ MAX_CONSTRAINTS = 32  # DeviceConstraintsMaxSize
 MAX_CONFIGS = 32  # DeviceConfigMaxSize
 MAX_TOLERATIONS = 16  # DeviceTolerationsMaxLength
 MAX_EXPRESSION = 10 * 1024  # CELSelectorExpressionMaxLength
+MAX_PARAMETERS = 10 * 1024  # OpaqueParametersMaxLength
 ADMIN_NAMESPACE_LABEL = "resource.kubernetes.io/admin-access"
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 
@@ -521,6 +523,36 @@ def _configs(
             problems.append((f"{path}.opaque.driver", f"'{driver}' is not a driver name"))
         if opaque.get("parameters") is None:
             problems.append((f"{path}.opaque.parameters", "required"))
+        elif (size := _json_size(opaque["parameters"], MAX_PARAMETERS)) > MAX_PARAMETERS:
+            problems.append(
+                (
+                    f"{path}.opaque.parameters",
+                    f"must have at most {MAX_PARAMETERS} bytes as JSON, has at least {size}",
+                )
+            )
+
+
+def _json_size(value: object, limit: int) -> int:
+    """Bytes of `value` as compact JSON, as a client sends it (the API server limits those),
+    counted only until past `limit`: YAML aliases make a small file a huge, even endless,
+    value. Walked without recursion, so any depth is measured."""
+    size, todo = 0, [value]
+    while todo and size <= limit:
+        item = todo.pop()
+        if isinstance(item, dict):
+            size += 2 + 2 * len(item) - (1 if item else 0)  # braces, colons, commas
+            size += sum(_scalar_size(str(key)) for key in item)
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            size += 2 + max(len(item) - 1, 0)
+            todo.extend(item)
+        else:
+            size += _scalar_size(item)
+    return size
+
+
+def _scalar_size(value: object) -> int:
+    return len(json.dumps(value, ensure_ascii=False, default=str).encode())
 
 
 def _selectors(fields: Mapping[str, Any], at: str, problems: Problems) -> tuple[Selector, ...]:
@@ -540,7 +572,7 @@ def _selectors(fields: Mapping[str, Any], at: str, problems: Problems) -> tuple[
             problems.append((where, f"must have at most {MAX_EXPRESSION} bytes"))
         else:
             try:
-                selectors.append(Selector(expression))
+                selectors.append(Selector(expression, where))
             except SelectorError as err:
                 problems.append((where, str(err)))
     return tuple(selectors)

@@ -60,6 +60,15 @@ class SelectorError(DevicePluginError):
     """A selector does not compile, or fails on a device (Kubernetes then fails the claim)."""
 
 
+class SelectorLimitError(SelectorError):
+    """The CEL library gave up evaluating a selector (its iteration budget, or an internal
+    error): bad input, not a claim that fails. `path` names the expression's field."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
 def parse_quantity(text: str) -> int:
     """A Kubernetes quantity as a whole number, rounded up: `10Gi` -> 10737418240."""
     match = _QUANTITY.fullmatch(text.strip())
@@ -176,8 +185,9 @@ _ENV = _environment()
 class Selector:
     """One compiled CEL selector; raises SelectorError when it does not compile."""
 
-    def __init__(self, expression: str) -> None:
+    def __init__(self, expression: str, path: str = "") -> None:
         self.expression = expression
+        self.path = path  # the field it came from, for SelectorLimitError
         try:
             self._program = _ENV.compile(expression)
         except RuntimeError as err:
@@ -186,13 +196,17 @@ class Selector:
         self._literals = {a or b for a, b in _LITERAL.findall(expression)}
 
     def matches(self, device: JsonObject) -> bool:
-        """Whether `device` (from `cel_device`) is selected; SelectorError if evaluation fails."""
+        """Whether `device` (from `cel_device`) is selected; SelectorError if evaluation fails
+        (SelectorLimitError when the library gives up)."""
         value = {
             "driver": device["driver"],
             "attributes": self._with_empty(device["attributes"]),
             "capacity": self._with_empty(device["capacity"]),
         }
-        result = self._program.eval(data={"device": value})
+        try:
+            result = self._program.eval(data={"device": value})
+        except RuntimeError as err:  # not a CEL error value: the library stopped
+            raise SelectorLimitError(self.path, f"CEL evaluation failed: {err}") from None
         kind = result.type()
         if kind == cel.Type.ERROR:
             raise SelectorError(f"{self.expression}: {result.value()}")

@@ -3,10 +3,10 @@
 The slice publisher reports each attempt to write the pool (`publish_done`) and each repair
 of what another client changed (`slices_repaired`), and the root each
 kubelet call (`claims_done`) and, for each claim Prepare could not prepare, why
-(`prepare_failed`); the gauges are set from the driver's status when /metrics is scraped
-(`set_status`), so they never lag behind it. Names and labels are documented in
-docs/observability.md. A driver without `--http-address` gets `NoDraMetrics`, and
-prometheus-client stays unloaded.
+(`prepare_failed`); the gauges, and the count of unusable checkpoints, are set from the
+driver's status when /metrics is scraped (`set_status`), so they never lag behind it. Names and
+labels are documented in docs/observability.md. A driver without `--http-address` gets
+`NoDraMetrics`, and prometheus-client stays unloaded.
 """
 
 from __future__ import annotations
@@ -84,6 +84,12 @@ class DraMetrics(SharedMetrics):
             ["reason"],
             registry=r,
         )
+        self.checkpoints_unusable = Counter(
+            "deviceplugin_dra_checkpoint_unusable",
+            "Checkpoints found unusable (unreadable, damaged, a newer version) and set aside.",
+            registry=r,
+        )
+        self._unusable_counted = 0
         self.prepared_claims = Gauge(
             "deviceplugin_dra_prepared_claims",
             "Claims prepared on this node (in the checkpoint).",
@@ -110,6 +116,9 @@ class DraMetrics(SharedMetrics):
     def set_status(self, status: DraStatus) -> None:
         """The gauges, from the driver's state now."""
         self.prepared_claims.set(status.prepared_claims)
+        unusable = status.checkpoint_unusable.count if status.checkpoint_unusable else 0
+        self.checkpoints_unusable.inc(unusable - self._unusable_counted)
+        self._unusable_counted = unusable
         pool = status.pool
         self.slices.set(pool.slices if pool else 0)
         self.devices.set(pool.devices if pool else 0)

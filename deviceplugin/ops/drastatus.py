@@ -19,6 +19,16 @@ class Pool:
 
 
 @record(frozen=True)
+class CheckpointUnusable:
+    """Checkpoints found unusable since start: the driver went on from its own state, and each
+    file was moved aside for an operator instead of being overwritten."""
+
+    count: int
+    error: str  # the latest one's
+    set_aside: str  # where it went; "" when it could not be moved (then nothing is saved)
+
+
+@record(frozen=True)
 class DraStatus:
     """The driver's state now; `not_ready` says what keeps it from being ready."""
 
@@ -34,6 +44,7 @@ class DraStatus:
     prepared_claims: int
     device_plugin_conflict: str | None = None  # why nothing is published: a device plugin serves
     slice_watch_error: str | None = None  # why the watch of the slices is down; None when up
+    checkpoint_unusable: CheckpointUnusable | None = None  # None: every read could be trusted
 
     @property
     def not_ready(self) -> list[str]:
@@ -59,7 +70,7 @@ class DraStatus:
 
     def document(self) -> dict[str, Any]:
         """The /status JSON."""
-        pool = self.pool
+        pool, unusable = self.pool, self.checkpoint_unusable
         return {
             "live": True,
             "ready": not self.not_ready,
@@ -73,6 +84,11 @@ class DraStatus:
             "slice_watch_error": self.slice_watch_error,
             "device_plugin_conflict": self.device_plugin_conflict,
             "prepared_claims": self.prepared_claims,
+            "checkpoint": {
+                "unusable": unusable.count if unusable else 0,
+                "last_error": unusable.error if unusable else None,
+                "set_aside": unusable.set_aside if unusable else None,
+            },
             "unhealthy": dict(self.core.unhealthy),
             "config": self.core.config_document(),
         }
