@@ -39,14 +39,14 @@ gpus:
     migEnabled: true
     migCapable: true
     migDevices:
-      - profile: 3g.40gb
+      - profile: 2c.3g.40gb
         uuid: MIG-11111111-0001-4000-8000-000000000000
         gpuInstanceId: 1
         computeInstanceId: 0
       - profile: 1c.3g.40gb
         uuid: MIG-11111111-0002-4000-8000-000000000000
-        gpuInstanceId: 2
-        computeInstanceId: 0
+        gpuInstanceId: 1
+        computeInstanceId: 1
       - profile: 1g.10gb+me
         uuid: MIG-11111111-0003-4000-8000-000000000000
         gpuInstanceId: 9

@@ -27,7 +27,16 @@ NATIVE_DIR = Path(__file__).parent / "native"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 PACKAGED = NATIVE_DIR / LIBRARY_NAME
 HEADER_IN_WHEEL = Path("nvidia/cu13/include/nvml.h")
-SOURCES = ("json.c", "node.c", "events.c", "system.c", "device.c", "mig.c")
+SOURCES = (
+    "json.c",
+    "node.c",
+    "check.c",
+    "eventline.c",
+    "events.c",
+    "system.c",
+    "device.c",
+    "mig.c",
+)
 CFLAGS = ("-std=c11", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
 SANITIZERS = {
     "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all"),
