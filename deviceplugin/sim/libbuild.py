@@ -38,6 +38,7 @@ SOURCES = (
     "mig.c",
 )
 CFLAGS = ("-std=c11", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
+FUZZ_FLAGS = ("-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all")
 SANITIZERS = {
     "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all"),
     "thread": ("-fsanitize=thread",),
@@ -110,8 +111,19 @@ def sanitized_program(main_source: Path, output: Path, sanitizer: str = "address
     return output
 
 
-def _compile(header: Path, work: Path, flags: tuple[str, ...], *arguments: str) -> None:
-    """gcc over the library's sources and the stubs generated from `header` (into `work`)."""
+def fuzz_target(main_source: Path, output: Path, *defines: str) -> Path:
+    """`main_source` (a libFuzzer target) linked with the library's sources by clang, under
+    libFuzzer, AddressSanitizer and UBSan."""
+    flags = (*CFLAGS, "-fno-omit-frame-pointer", *FUZZ_FLAGS, *defines)
+    _compile(nvml_header(), output.parent, flags, str(main_source), "-o", str(output), cc="clang")
+    return output
+
+
+def _compile(
+    header: Path, work: Path, flags: tuple[str, ...], *arguments: str, cc: str | None = None
+) -> None:
+    """gcc (or `cc`) over the library's sources and the stubs generated from `header` (into
+    `work`)."""
     stubs = work / "stubs.c"
     stubs.write_text(stub_source(header))
     _gcc(
@@ -121,6 +133,7 @@ def _compile(header: Path, work: Path, flags: tuple[str, ...], *arguments: str) 
         *(str(NATIVE_DIR / name) for name in SOURCES),
         str(stubs),
         *arguments,
+        compiler=cc,
     )
 
 
@@ -180,8 +193,8 @@ def _cache_dir() -> Path:
     return Path(base) / "deviceplugin" / "nvml-sim"
 
 
-def _gcc(*arguments: str) -> str:
-    compiler = os.environ.get("CC", "gcc")
+def _gcc(*arguments: str, compiler: str | None = None) -> str:
+    compiler = compiler or os.environ.get("CC", "gcc")
     try:
         done = subprocess.run(
             [compiler, *arguments], capture_output=True, text=True, check=False, timeout=300
