@@ -297,8 +297,12 @@ def _placed(
                 f"its {gi.slices} slices",
             )
     offered = model_profiles(gpu_name)
-    for gi in instances.values():
-        offered.setdefault(gi.enum, gi)
+    for entry, shape in zip(entries, shapes, strict=True):
+        gi = offered.setdefault(shape.gpu_instance.enum, shape.gpu_instance)
+        if (gi.id, gi.slices) != (shape.gpu_instance.id, shape.gpu_instance.slices):
+            raise ConfigError(
+                f"{entry.path}.profile", f"{gpu_name} offers no GPU-instance profile like it"
+            )
     spots = place_instances(list(instances.values()), gpu_slices(offered))
     if spots is None:
         raise ConfigError(
