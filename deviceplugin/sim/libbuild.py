@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -64,10 +65,39 @@ def nvml_header() -> Path:
 
 
 def library_path() -> Path:
-    """The simulated library: the one packaged with this install, else a cached build."""
-    if PACKAGED.is_file():
+    """The simulated library: the one packaged with this install, else a cached build. A
+    packaged library built for another architecture is no use here (the dynamic loader would
+    say only "No such file or directory"): a build replaces it, or the error says why."""
+    if not PACKAGED.is_file():
+        return build()
+    theirs, ours = elf_machine(PACKAGED), _MACHINES.get(platform.machine())
+    if theirs == ours or ours is None:
         return PACKAGED
-    return build()
+    try:
+        return build()
+    except BuildError as err:
+        raise BuildError(
+            f"{PACKAGED} is built for {_machine_name(theirs)}, this machine is "
+            f"{platform.machine()}; building one here failed too: {err}"
+        ) from None
+
+
+# ELF e_machine values of the architectures NVIDIA ships drivers for.
+_MACHINES = {"x86_64": 62, "aarch64": 183, "arm64": 183}
+
+
+def elf_machine(path: Path) -> int | None:
+    """The ELF e_machine of a shared library; None when it is no ELF file."""
+    with open(path, "rb") as stream:
+        header = stream.read(20)
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    return int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
+
+
+def _machine_name(machine: int | None) -> str:
+    names = {62: "x86_64", 183: "aarch64"}
+    return "no ELF machine" if machine is None else names.get(machine, f"ELF machine {machine}")
 
 
 def build() -> Path:
