@@ -18,6 +18,7 @@ import pytest
 
 from deviceplugin.model.errors import NvmlError
 from deviceplugin.node.nvml import Nvml, driver_library, real_nvml
+from deviceplugin.sim import libbuild
 from deviceplugin.sim.fake_nvml import switch_bus_id
 from deviceplugin.sim.hostroot import EVENTS_FILE, LIBRARY_DIR, LIBRARY_NODE_FILE
 from deviceplugin.sim.libbuild import declared_functions, nvml_header
@@ -39,14 +40,14 @@ gpus:
     migEnabled: true
     migCapable: true
     migDevices:
-      - profile: 3g.40gb
+      - profile: 2c.3g.40gb
         uuid: MIG-11111111-0001-4000-8000-000000000000
         gpuInstanceId: 1
         computeInstanceId: 0
       - profile: 1c.3g.40gb
         uuid: MIG-11111111-0002-4000-8000-000000000000
-        gpuInstanceId: 2
-        computeInstanceId: 0
+        gpuInstanceId: 1
+        computeInstanceId: 1
       - profile: 1g.10gb+me
         uuid: MIG-11111111-0003-4000-8000-000000000000
         gpuInstanceId: 9
@@ -433,3 +434,21 @@ def test_a_program_finds_it_on_its_library_path_with_no_other_setting(a100: Path
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split(maxsplit=1) == ["8", "NVIDIA A100-SXM4-80GB\n"]
+
+
+def test_a_packaged_library_for_another_architecture_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    foreign = tmp_path / "libnvidia-ml.so.1"
+    header = bytearray(b"\x7fELF\x02\x01\x01" + bytes(13))
+    header[18:20] = (183).to_bytes(2, "little")  # aarch64
+    foreign.write_bytes(bytes(header) + bytes(64))
+    monkeypatch.setattr(libbuild, "PACKAGED", foreign)
+    monkeypatch.setattr(libbuild.platform, "machine", lambda: "x86_64")
+
+    def no_compiler() -> Path:
+        raise libbuild.BuildError("no gcc")
+
+    monkeypatch.setattr(libbuild, "build", no_compiler)
+    with pytest.raises(libbuild.BuildError, match="built for aarch64, this machine is x86_64"):
+        libbuild.library_path()

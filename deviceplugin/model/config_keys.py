@@ -183,6 +183,17 @@ def read_document(text: str, source: str) -> dict[str, object]:
     return document
 
 
+def read_untrusted(text: str, source: str) -> object:
+    """JSON or YAML text of any shape from a file this process does not trust (a simulated node
+    as well as a config): duplicate keys refused, nesting and alias expansion bounded alike."""
+    try:
+        document = _parse(text, source)
+    except RecursionError:
+        raise ConfigError("", f"{source}: nested too deeply") from None
+    _check_extent(document, source)
+    return document
+
+
 def _parse(text: str, source: str) -> object:
     try:
         return json.loads(text, object_pairs_hook=_unique_pairs)
@@ -216,7 +227,7 @@ def _read_yaml(text: str, source: str) -> object:
         raise ConfigError("", f"{source}: invalid YAML: {_clip(str(exc))}") from None
 
 
-def _check_extent(document: dict[str, object], source: str) -> None:
+def _check_extent(document: object, source: str) -> None:
     """Refuse a document nested deeper than MAX_DEPTH or expanding (through aliases) beyond
     MAX_EXPANDED values and characters; walked without recursion, stopping at the limit."""
     budget = MAX_EXPANDED

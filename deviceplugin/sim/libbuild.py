@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -27,8 +28,18 @@ NATIVE_DIR = Path(__file__).parent / "native"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 PACKAGED = NATIVE_DIR / LIBRARY_NAME
 HEADER_IN_WHEEL = Path("nvidia/cu13/include/nvml.h")
-SOURCES = ("json.c", "node.c", "events.c", "system.c", "device.c", "mig.c")
+SOURCES = (
+    "json.c",
+    "node.c",
+    "check.c",
+    "eventline.c",
+    "events.c",
+    "system.c",
+    "device.c",
+    "mig.c",
+)
 CFLAGS = ("-std=c11", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
+FUZZ_FLAGS = ("-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all")
 SANITIZERS = {
     "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all"),
     "thread": ("-fsanitize=thread",),
@@ -54,10 +65,39 @@ def nvml_header() -> Path:
 
 
 def library_path() -> Path:
-    """The simulated library: the one packaged with this install, else a cached build."""
-    if PACKAGED.is_file():
+    """The simulated library: the one packaged with this install, else a cached build. A
+    packaged library built for another architecture is no use here (the dynamic loader would
+    say only "No such file or directory"): a build replaces it, or the error says why."""
+    if not PACKAGED.is_file():
+        return build()
+    theirs, ours = elf_machine(PACKAGED), _MACHINES.get(platform.machine())
+    if theirs == ours or ours is None:
         return PACKAGED
-    return build()
+    try:
+        return build()
+    except BuildError as err:
+        raise BuildError(
+            f"{PACKAGED} is built for {_machine_name(theirs)}, this machine is "
+            f"{platform.machine()}; building one here failed too: {err}"
+        ) from None
+
+
+# ELF e_machine values of the architectures NVIDIA ships drivers for.
+_MACHINES = {"x86_64": 62, "aarch64": 183, "arm64": 183}
+
+
+def elf_machine(path: Path) -> int | None:
+    """The ELF e_machine of a shared library; None when it is no ELF file."""
+    with open(path, "rb") as stream:
+        header = stream.read(20)
+    if len(header) < 20 or header[:4] != b"\x7fELF":
+        return None
+    return int.from_bytes(header[18:20], "little" if header[5] == 1 else "big")
+
+
+def _machine_name(machine: int | None) -> str:
+    names = {62: "x86_64", 183: "aarch64"}
+    return "no ELF machine" if machine is None else names.get(machine, f"ELF machine {machine}")
 
 
 def build() -> Path:
@@ -101,8 +141,19 @@ def sanitized_program(main_source: Path, output: Path, sanitizer: str = "address
     return output
 
 
-def _compile(header: Path, work: Path, flags: tuple[str, ...], *arguments: str) -> None:
-    """gcc over the library's sources and the stubs generated from `header` (into `work`)."""
+def fuzz_target(main_source: Path, output: Path, *defines: str) -> Path:
+    """`main_source` (a libFuzzer target) linked with the library's sources by clang, under
+    libFuzzer, AddressSanitizer and UBSan."""
+    flags = (*CFLAGS, "-fno-omit-frame-pointer", *FUZZ_FLAGS, *defines)
+    _compile(nvml_header(), output.parent, flags, str(main_source), "-o", str(output), cc="clang")
+    return output
+
+
+def _compile(
+    header: Path, work: Path, flags: tuple[str, ...], *arguments: str, cc: str | None = None
+) -> None:
+    """gcc (or `cc`) over the library's sources and the stubs generated from `header` (into
+    `work`)."""
     stubs = work / "stubs.c"
     stubs.write_text(stub_source(header))
     _gcc(
@@ -112,6 +163,7 @@ def _compile(header: Path, work: Path, flags: tuple[str, ...], *arguments: str) 
         *(str(NATIVE_DIR / name) for name in SOURCES),
         str(stubs),
         *arguments,
+        compiler=cc,
     )
 
 
@@ -171,8 +223,8 @@ def _cache_dir() -> Path:
     return Path(base) / "deviceplugin" / "nvml-sim"
 
 
-def _gcc(*arguments: str) -> str:
-    compiler = os.environ.get("CC", "gcc")
+def _gcc(*arguments: str, compiler: str | None = None) -> str:
+    compiler = compiler or os.environ.get("CC", "gcc")
     try:
         done = subprocess.run(
             [compiler, *arguments], capture_output=True, text=True, check=False, timeout=300

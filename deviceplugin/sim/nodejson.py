@@ -99,7 +99,7 @@ def _gpu(gpu: SimGpu, node: Node) -> dict[str, Any]:
         "topology": [common_ancestor(gpu, other) for other in node.gpus],
         "nvlinks": _nvlinks(gpu, node),
         "giProfiles": [_profile(gi, total) for gi in profiles.values()] if gpu.mig_capable else [],
-        "migDevices": _mig_devices(gpu, total),
+        "migDevices": _mig_devices(gpu),
     }
 
 
@@ -120,17 +120,11 @@ def _profile(gi: GiProfile, total: int) -> dict[str, Any]:
     }
 
 
-def _mig_devices(gpu: SimGpu, total: int) -> list[dict[str, Any]]:
-    """The MIG devices, each placed at the first free placement of its profile."""
-    taken: set[int] = set()
+def _mig_devices(gpu: SimGpu) -> list[dict[str, Any]]:
+    """The MIG devices, each at its GPU instance's placement (node.py placed them)."""
     devices = []
     for mig in gpu.mig_devices:
         gi = mig.shape.gpu_instance
-        place = next(
-            (p for p in placements(gi.slices, total) if not taken & set(range(p[0], p[0] + p[1]))),
-            (0, gi.slices),
-        )
-        taken |= set(range(place[0], place[0] + place[1]))
         devices.append(
             {
                 "uuid": mig.uuid,
@@ -147,7 +141,7 @@ def _mig_devices(gpu: SimGpu, total: int) -> list[dict[str, Any]]:
                 "jpegs": gi.jpegs,
                 "ofas": gi.ofas,
                 "memoryMiB": gi.memory_mib,
-                "placement": list(place),
+                "placement": list(mig.placement),
             }
         )
     return devices

@@ -270,3 +270,26 @@ def placements(slices: int, gpu_slices: int) -> list[tuple[int, int]]:
 def gpu_slices(profiles: dict[int, GiProfile]) -> int:
     """How many slices a GPU with these GPU-instance profiles has: its largest profile's."""
     return max((gi.slices for gi in profiles.values()), default=7)
+
+
+def place_instances(instances: list[GiProfile], total_slices: int) -> list[tuple[int, int]] | None:
+    """A placement for each GPU instance, (start, size) from its profile's placements, none
+    overlapping another: the first such layout in order, as an operator could create them
+    (4g then 3g fits in either order). None when the instances cannot all fit."""
+    if sum(gi.slices for gi in instances) > total_slices:
+        return None  # no search needed, and the search stays small: at most 8 instances
+    chosen: list[tuple[int, int]] = []
+
+    def fit(taken: int) -> bool:
+        if len(chosen) == len(instances):
+            return True
+        for start, size in placements(instances[len(chosen)].slices, total_slices):
+            mask = ((1 << size) - 1) << start
+            if not taken & mask:
+                chosen.append((start, size))
+                if fit(taken | mask):
+                    return True
+                chosen.pop()
+        return False
+
+    return chosen if fit(0) else None

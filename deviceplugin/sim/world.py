@@ -4,7 +4,8 @@ state that event lines change (lost, pending repairs), and the event sets waitin
 Event lines are applied when read (`pump`, called by every simulated NVML call). An event
 reaches the event sets registered for its GPU at that moment; with no such set it is dropped,
 as NVML drops events nobody registered for. Runtime state is kept by UUID across node-file
-reloads. One lock guards it all: NVML may be called from several threads.
+reloads. One lock guards it all: NVML may be called from several threads. A set holds at most
+MAX_QUEUED events nobody has waited for; later ones are dropped, with one note.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from deviceplugin.sim.node import (
 logger = logging.getLogger(__name__)
 
 _NO_INSTANCE = 0xFFFFFFFF
+MAX_QUEUED = 4096  # events a set holds for a wait (native/events.c: the same)
 _XID_FALLEN_OFF_BUS = 79
 
 
@@ -45,6 +47,7 @@ class SimEventSet:
     queue: deque[s.EventData] = field(default_factory=deque)
     wait_error: int | None = None
     freed: bool = False
+    dropped: int = 0
 
 
 @record
@@ -205,5 +208,11 @@ class World:
             computeInstanceId=mig.compute_instance_id if mig else _NO_INSTANCE,
         )
         for event_set in self.event_sets:
-            if event_set.masks.get(gpu.uuid, 0) & event_type:
+            if not event_set.masks.get(gpu.uuid, 0) & event_type:
+                continue
+            if len(event_set.queue) < MAX_QUEUED:
                 event_set.queue.append(event)
+                continue
+            if event_set.dropped == 0:  # memory stays flat when nobody waits
+                log_event(logger, "sim.event.set_full", logging.WARNING, held=MAX_QUEUED)
+            event_set.dropped += 1

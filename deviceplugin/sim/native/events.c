@@ -3,14 +3,23 @@
  * Every exported call pumps the events file first (under sim_lock), so a `lost` line takes
  * effect on the next call. A wait blocks in poll() on an inotify watch of the file's folder,
  * one per event set, so an idle wait costs no CPU and an appended line wakes it at once; a
- * one-second poll backs the watch up. Only lines appended after the first nvmlInit are read;
- * a truncated file is read again from its start. Malformed lines are reported and skipped. */
+ * one-second poll backs the watch up. Only lines appended after the first nvmlInit are read,
+ * each once: a file replaced (another inode: an editor, `sed -i`, logrotate) or truncated is
+ * read again from its start, with a note. The file must be a regular file, opened without
+ * blocking, and is read only up to the size it had when opened, so a pump never waits and never
+ * runs on. A malformed line, or one longer than SIM_MAX_LINE bytes, is reported and skipped.
+ *
+ * Memory stays bounded whoever waits: a set queues at most MAX_QUEUED events (more are dropped,
+ * and counted in one note), and a freed set's memory is released. Handles are ids, never
+ * addresses, so a stale handle is refused even when a new set reuses the memory. */
 #define _GNU_SOURCE
 #include "sim.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "json.h"
-
-#define MAX_LINE 4096
 #define BACKUP_POLL_MS 1000
 #define XID_FALLEN_OFF_BUS 79
+#define MAX_QUEUED 4096
 
 typedef struct event {
     nvmlEventData_t data;
@@ -31,8 +38,11 @@ typedef struct event {
 } event;
 
 struct nvmlEventSet_st {
+    uintptr_t id; /* the handle callers hold */
     unsigned long long masks[SIM_MAX_GPUS];
     event *head, *tail;
+    unsigned queued;
+    unsigned long long dropped;
     nvmlReturn_t wait_error;
     int watch; /* inotify descriptor, -1 without one */
     int waiters, freed;
@@ -40,12 +50,13 @@ struct nvmlEventSet_st {
 };
 
 static struct nvmlEventSet_st *live_sets;
-/* Freed sets keep their memory, so a new set never gets a freed one's address and a stale
- * handle is refused instead of reaching the new set. */
-static struct nvmlEventSet_st *retired_sets;
+static uintptr_t last_id = 0x5e7000; /* ids are never reused */
 static long long offset = -1;
-static char partial[MAX_LINE];
+static dev_t file_device;
+static ino_t file_inode;
+static char partial[SIM_MAX_LINE];
 static size_t partial_length;
+static int partial_overlong;
 static nvmlReturn_t file_error; /* the events file could not be read at the last pump */
 
 static nvmlReturn_t open_error(int code) {
@@ -53,28 +64,46 @@ static nvmlReturn_t open_error(int code) {
          : code == EACCES || code == EPERM ? NVML_ERROR_NO_PERMISSION : NVML_ERROR_UNKNOWN;
 }
 
-nvmlReturn_t sim_events_open(void) {
-    const char *path = sim_events_path();
-    struct stat st;
-    FILE *probe = fopen(path, "rb");
-    if (!probe || fstat(fileno(probe), &st) != 0) {
-        int code = errno;
-        if (probe) fclose(probe);
-        sim_complain("cannot read the events file %s: %s (`deviceplugin sim-root` creates it empty)",
-                     path, strerror(code));
-        return open_error(code);
+/* The events file opened without blocking; -1 with errno set (EINVAL: not a regular file). */
+static int open_events(struct stat *st) {
+    int fd = open(sim_events_path(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return -1;
+    if (fstat(fd, st) != 0 || !S_ISREG(st->st_mode)) {
+        int code = S_ISREG(st->st_mode) ? errno : EINVAL;
+        close(fd);
+        errno = code;
+        return -1;
     }
-    fclose(probe);
-    offset = (long long)st.st_size;
-    return NVML_SUCCESS;
+    return fd;
 }
 
+static const char *reason(int code) { return code == EINVAL ? "not a regular file" : strerror(code); }
+
+nvmlReturn_t sim_events_open(void) {
+    struct stat st;
+    int fd = open_events(&st);
+    if (fd < 0) {
+        int code = errno;
+        sim_complain("cannot read the events file %s: %s (`deviceplugin sim-root` creates it empty)",
+                     sim_events_path(), reason(code));
+        return open_error(code);
+    }
+    close(fd);
+    offset = (long long)st.st_size;
+    file_device = st.st_dev;
+    file_inode = st.st_ino;
+    return NVML_SUCCESS;
+}
 
 static void deliver(sim_gpu *gpu, sim_mig *mig, unsigned long long type, unsigned long long data) {
     for (struct nvmlEventSet_st *set = live_sets; set; set = set->next) {
         if (!(set->masks[gpu->index] & type)) continue;
-        event *e = calloc(1, sizeof *e);
-        if (!e) continue;
+        event *e = set->queued < MAX_QUEUED ? calloc(1, sizeof *e) : NULL;
+        if (!e) {
+            if (set->dropped++ == 0)
+                sim_complain("an event set holds %d events nobody waited for; dropping new ones", MAX_QUEUED);
+            continue;
+        }
         e->data.device = (nvmlDevice_t)gpu;
         e->data.eventType = type;
         e->data.eventData = data;
@@ -82,6 +111,7 @@ static void deliver(sim_gpu *gpu, sim_mig *mig, unsigned long long type, unsigne
         e->data.computeInstanceId = mig ? mig->ci_id : SIM_NO_INSTANCE;
         if (set->tail) set->tail->next = e; else set->head = e;
         set->tail = e;
+        set->queued++;
     }
 }
 
@@ -95,136 +125,94 @@ static int owner(const char *uuid, sim_gpu **gpu, sim_mig **mig) {
     return 0;
 }
 
-static const struct { const char *name; nvmlReturn_t code; } wait_errors[] = {
-    {"unknown", NVML_ERROR_UNKNOWN}, {"gpuIsLost", NVML_ERROR_GPU_IS_LOST},
-    {"timeout", NVML_ERROR_TIMEOUT}, {"notSupported", NVML_ERROR_NOT_SUPPORTED},
-    {"uninitialized", NVML_ERROR_UNINITIALIZED}, {"invalidArgument", NVML_ERROR_INVALID_ARGUMENT},
-    {"noPermission", NVML_ERROR_NO_PERMISSION}, {"memory", NVML_ERROR_MEMORY},
-};
-
-/* -1: absent, else 0/1 (or the number); -2: present but of the wrong type. */
-static long long field(const json *line, const char *key, json_kind kind) {
-    const json *v = json_get(line, key);
-    if (!v) return -1;
-    if (v->kind != kind) return -2;
-    if (kind == JSON_NUMBER) return v->integral && v->integer >= 0 ? v->integer : -2;
-    return (long long)v->number;
-}
-
 static const char *apply(const char *text, size_t length) {
-    char error[128];
-    json *line = json_parse(text, length, error, sizeof error);
-    if (!line) return "not JSON";
-    const char *problem = NULL;
-    if (line->kind != JSON_OBJECT) { json_free(line); return "not a JSON object"; }
-    static const char *known[] = {"uuid", "xid", "ecc", "lost", "retiredPagesPending",
-                                  "remappedRowsPending", "recoveryAction", "waitError"};
-    for (const json *m = line->child; m && !problem; m = m->next) {
-        int found = 0;
-        for (size_t i = 0; i < sizeof known / sizeof *known; i++) found |= strcmp(m->key, known[i]) == 0;
-        if (!found) problem = "unknown key";
-    }
-    const json *uuid = json_get(line, "uuid"), *ecc = json_get(line, "ecc"), *wait = json_get(line, "waitError");
-    long long xid = field(line, "xid", JSON_NUMBER), lost = field(line, "lost", JSON_BOOL);
-    long long retired = field(line, "retiredPagesPending", JSON_BOOL);
-    long long remapped = field(line, "remappedRowsPending", JSON_BOOL);
-    long long action = field(line, "recoveryAction", JSON_NUMBER);
-    unsigned long long ecc_type = 0;
-    nvmlReturn_t wait_code = NVML_SUCCESS;
-    if (!problem && (xid == -2 || lost == -2 || retired == -2 || remapped == -2 || action == -2))
-        problem = "a value has the wrong type";
-    if (!problem && ecc) {
-        if (ecc->kind == JSON_STRING && strcmp(ecc->string, "single") == 0) ecc_type = nvmlEventTypeSingleBitEccError;
-        else if (ecc->kind == JSON_STRING && strcmp(ecc->string, "double") == 0) ecc_type = nvmlEventTypeDoubleBitEccError;
-        else problem = "ecc must be 'single' or 'double'";
-    }
-    if (!problem && wait) {
-        if (wait->kind == JSON_NUMBER && wait->integral && wait->integer > 0 && wait->integer < 100000)
-            wait_code = (nvmlReturn_t)wait->integer;
-        for (size_t i = 0; wait->kind == JSON_STRING && i < sizeof wait_errors / sizeof *wait_errors; i++)
-            if (strcmp(wait->string, wait_errors[i].name) == 0) wait_code = wait_errors[i].code;
-        if (wait_code == NVML_SUCCESS) problem = "waitError names no NVML error";
-    }
+    sim_event_line line;
+    const char *problem = sim_event_parse(text, length, &line);
+    if (problem) return problem;
     sim_gpu *gpu = NULL;
     sim_mig *mig = NULL;
-    if (!problem && uuid && (uuid->kind != JSON_STRING || !owner(uuid->string, &gpu, &mig)))
-        problem = "uuid names no GPU or MIG device of this node";
-    if (!problem && !uuid && !wait) problem = "needs a uuid";
-    if (!problem && xid < 0 && lost < 0 && retired < 0 && remapped < 0 && action < 0 && !ecc && !wait)
-        problem = "says nothing to do";
-    if (problem) { json_free(line); return problem; }
-    if (wait_code != NVML_SUCCESS)
-        for (struct nvmlEventSet_st *set = live_sets; set; set = set->next) set->wait_error = wait_code;
+    if (line.uuid[0] && !owner(line.uuid, &gpu, &mig)) return "uuid names no GPU or MIG device of this node";
+    if (line.wait_error != NVML_SUCCESS)
+        for (struct nvmlEventSet_st *set = live_sets; set; set = set->next) set->wait_error = line.wait_error;
     if (gpu) {
-        if (lost >= 0) gpu->lost = (int)lost;
-        if (retired >= 0) gpu->retired_pages_pending = (int)retired;
-        if (remapped >= 0) gpu->remapped_rows_pending = (int)remapped;
-        if (action >= 0) gpu->recovery_action = (unsigned)action;
-        if (xid < 0 && lost == 1) xid = XID_FALLEN_OFF_BUS;
+        long long xid = line.xid;
+        if (line.lost >= 0) gpu->lost = line.lost;
+        if (line.retired_pages_pending >= 0) gpu->retired_pages_pending = line.retired_pages_pending;
+        if (line.remapped_rows_pending >= 0) gpu->remapped_rows_pending = line.remapped_rows_pending;
+        if (line.recovery_action >= 0) gpu->recovery_action = (unsigned)line.recovery_action;
+        if (xid < 0 && line.lost == 1) xid = XID_FALLEN_OFF_BUS;
         if (xid >= 0) deliver(gpu, mig, nvmlEventTypeXidCriticalError, (unsigned long long)xid);
-        if (ecc_type) deliver(gpu, mig, ecc_type, 0);
+        if (line.ecc_type) deliver(gpu, mig, line.ecc_type, 0);
     }
-    json_free(line);
     return NULL;
 }
 
-static void line_done(const char *text, size_t length) {
-    while (length && (text[length - 1] == '\r' || text[length - 1] == ' ')) length--;
-    if (!length) return;
-    const char *problem = apply(text, length);
-    if (problem) sim_complain("skipped an event line (%s): %.*s", problem, (int)(length > 200 ? 200 : length), text);
+static void line_done(void) {
+    if (partial_overlong) {
+        sim_complain("skipped an event line longer than %d bytes: %.80s...", SIM_MAX_LINE, partial);
+    } else if (!sim_event_blank(partial, partial_length)) {
+        const char *problem = apply(partial, partial_length);
+        if (problem)
+            sim_complain("skipped an event line (%s): %.*s", problem,
+                         (int)(partial_length > 200 ? 200 : partial_length), partial);
+    }
+    partial_length = 0;
+    partial_overlong = 0;
+}
+
+static void start_over(const char *why) {
+    sim_complain("the events file %s was %s; reading it from its start", sim_events_path(), why);
+    offset = 0;
+    partial_length = 0;
+    partial_overlong = 0;
 }
 
 void sim_events_pump(void) {
-    const char *path = sim_events_path();
-    FILE *file = fopen(path, "rb");
     struct stat st;
-    if (!file || fstat(fileno(file), &st) != 0) {
-        int reason = errno;
-        nvmlReturn_t code = open_error(reason);
-        if (file) fclose(file);
-        if (code != file_error) sim_complain("cannot read the events file %s: %s", path, strerror(reason));
-        file_error = code;
+    int fd = open_events(&st);
+    if (fd < 0) {
+        int code = errno;
+        nvmlReturn_t result = open_error(code);
+        if (result != file_error) sim_complain("cannot read the events file %s: %s", sim_events_path(), reason(code));
+        file_error = result;
         return;
     }
     file_error = NVML_SUCCESS;
-    if ((long long)st.st_size < offset) {
-        sim_complain("the events file %s was truncated; reading it from its start", path);
-        offset = 0;
-        partial_length = 0;
+    if (st.st_ino != file_inode || st.st_dev != file_device) {
+        start_over("replaced");
+        file_device = st.st_dev;
+        file_inode = st.st_ino;
+    } else if ((long long)st.st_size < offset) {
+        start_over("truncated");
     }
-    if ((long long)st.st_size == offset || fseek(file, (long)offset, SEEK_SET) != 0) { fclose(file); return; }
     char chunk[8192];
-    size_t got;
-    while ((got = fread(chunk, 1, sizeof chunk, file)) > 0) {
-        offset += (long long)got;
-        for (size_t i = 0; i < got; i++) {
-            if (chunk[i] == '\n') {
-                line_done(partial, partial_length);
-                partial_length = 0;
-            } else if (partial_length < sizeof partial) {
-                partial[partial_length++] = chunk[i];
-            }
+    while (offset < (long long)st.st_size) {
+        size_t want = (size_t)((long long)st.st_size - offset < (long long)sizeof chunk ? (long long)st.st_size - offset
+                                                                                        : (long long)sizeof chunk);
+        ssize_t got = pread(fd, chunk, want, (off_t)offset);
+        if (got <= 0) break;
+        offset += got;
+        for (ssize_t i = 0; i < got; i++) {
+            if (chunk[i] == '\n') line_done();
+            else if (partial_length < sizeof partial) partial[partial_length++] = chunk[i];
+            else partial_overlong = 1;
         }
     }
-    fclose(file);
+    close(fd);
 }
 
 /* --- event sets ------------------------------------------------------------------------------- */
 
 static struct nvmlEventSet_st *find_set(nvmlEventSet_t handle) {
     for (struct nvmlEventSet_st *set = live_sets; set; set = set->next)
-        if (set == handle) return set;
+        if (set->id == (uintptr_t)handle) return set;
     return NULL;
 }
 
 static void destroy(struct nvmlEventSet_st *set) {
     for (event *e = set->head, *next; e; e = next) { next = e->next; free(e); }
-    set->head = set->tail = NULL;
     if (set->watch >= 0) close(set->watch);
-    set->watch = -1;
-    set->next = retired_sets;
-    retired_sets = set;
+    free(set);
 }
 
 /* An inotify descriptor on the folder of the events file (of its target, when it is a link). */
@@ -249,10 +237,11 @@ nvmlReturn_t DECLDIR nvmlEventSetCreate(nvmlEventSet_t *set) {
     struct nvmlEventSet_st *created = result == NVML_SUCCESS ? calloc(1, sizeof *created) : NULL;
     if (result == NVML_SUCCESS && !created) result = NVML_ERROR_MEMORY;
     if (created) {
+        created->id = ++last_id;
         created->watch = watch_events_folder();
         created->next = live_sets;
         live_sets = created;
-        *set = created;
+        *set = (nvmlEventSet_t)created->id;
     }
     pthread_mutex_unlock(&sim_lock);
     return result;
@@ -316,6 +305,7 @@ nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t handle, nvmlEventData_t 
             event *e = set->head;
             set->head = e->next;
             if (!set->head) set->tail = NULL;
+            set->queued--;
             *data = e->data;
             free(e);
             result = NVML_SUCCESS;

@@ -240,16 +240,21 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t devi
 
 /* --- GPU instances -------------------------------------------------------------------------- */
 
+/* Callers size `instances` from the profile's instanceCount (go-nvml does), so no more are
+ * written, whatever the node holds. */
 nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int profile_id,
                                                nvmlGpuInstance_t *instances, unsigned int *count) {
     sim_gpu *gpu;
+    const sim_gi_profile *gi;
     if (!count || !instances) return NVML_ERROR_INVALID_ARGUMENT;
-    LOCKED(if ((result = mig_gpu(device, "nvmlDeviceGetGpuInstances", 1, &gpu)) == NVML_SUCCESS) {
+    LOCKED(if ((result = gi_profile(device, "nvmlDeviceGetGpuInstances", profile_id, 1, &gi)) == NVML_SUCCESS &&
+               (result = mig_gpu(device, "nvmlDeviceGetGpuInstances", 1, &gpu)) == NVML_SUCCESS) {
         unsigned found = 0;
-        for (unsigned i = 0; i < gpu->mig_count; i++) {
+        for (unsigned i = 0; i < gpu->mig_count && result == NVML_SUCCESS; i++) {
             sim_mig *m = &gpu->migs[i];
-            if (m->gi_profile_id == profile_id && sim_find_gi(gpu, m->gi_id) == m)
-                instances[found++] = (nvmlGpuInstance_t)&m->gpu_instance;
+            if (m->gi_profile_id != profile_id || sim_find_gi(gpu, m->gi_id) != m) continue;
+            if (found < gi->instances) instances[found++] = (nvmlGpuInstance_t)&m->gpu_instance;
+            else result = NVML_ERROR_INSUFFICIENT_SIZE;
         }
         *count = found;
     });
@@ -344,16 +349,19 @@ static sim_mig *find_ci(const sim_mig *gi, unsigned id) {
     return NULL;
 }
 
+/* As for GPU instances: at most the compute-instance profile's instanceCount handles. */
 nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t instance, unsigned int profile_id,
                                                         nvmlComputeInstance_t *instances, unsigned int *count) {
     sim_mig *gi;
     if (!count || !instances) return NVML_ERROR_INVALID_ARGUMENT;
     LOCKED(if ((result = sim_gpu_instance(instance, "nvmlGpuInstanceGetComputeInstances", &gi)) == NVML_SUCCESS) {
-        unsigned found = 0;
-        for (unsigned i = 0; i < gi->gpu->mig_count; i++) {
+        unsigned slices = profile_id < NVML_COMPUTE_INSTANCE_PROFILE_COUNT ? ci_slices_by_enum[profile_id] : 0;
+        unsigned room = slices && slices <= gi->gi_slices ? gi->gi_slices / slices : 0, found = 0;
+        for (unsigned i = 0; room && i < gi->gpu->mig_count && result == NVML_SUCCESS; i++) {
             sim_mig *m = &gi->gpu->migs[i];
-            if (m->gi_id == gi->gi_id && ci_enum(m->ci_slices) == profile_id)
-                instances[found++] = (nvmlComputeInstance_t)&m->compute_instance;
+            if (m->gi_id != gi->gi_id || m->ci_slices != slices) continue;
+            if (found < room) instances[found++] = (nvmlComputeInstance_t)&m->compute_instance;
+            else result = NVML_ERROR_INSUFFICIENT_SIZE;
         }
         *count = found;
     });

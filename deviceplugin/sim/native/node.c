@@ -4,12 +4,17 @@
  * (`deviceplugin-sim-node.json`); events are read from `etc/deviceplugin-sim/events.jsonl` three
  * levels above the library's folder (DIR of DIR/usr/lib/x86_64-linux-gnu). DEVICEPLUGIN_SIM_NODE
  * and DEVICEPLUGIN_SIM_EVENTS name other files. The node is read once, at the first successful
- * nvmlInit; it is never freed, so handles stay valid for the life of the process. */
+ * nvmlInit; it is never freed, so handles stay valid for the life of the process.
+ *
+ * The file is untrusted: it must be a regular file (opened without blocking, so a FIFO is
+ * refused rather than waited on) of at most MAX_NODE_BYTES, and every count and id in it is
+ * checked against the arrays here (and check.c) before a handle can reach it. */
 #define _GNU_SOURCE
 #include "sim.h"
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stddef.h>
 #include <stdarg.h>
@@ -17,12 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "json.h"
 
 #define NODE_FILE "deviceplugin-sim-node.json"
 #define EVENTS_FROM_LIBRARY "/../../../etc/deviceplugin-sim/events.jsonl"
-#define MAX_NODE_BYTES (16 << 20)
+#define MAX_NODE_BYTES (4 << 20)
 
 pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
 sim_node *sim_current;
@@ -113,9 +119,10 @@ static const json *get_array(parse_state *st, const json *obj, const char *key, 
 
 static int get_pair(parse_state *st, const json *v, const char *key, nvmlGpuInstancePlacement_t *out) {
     if (!v || v->kind != JSON_ARRAY || json_length(v) != 2 || v->child->kind != JSON_NUMBER ||
-        v->child->next->kind != JSON_NUMBER || v->child->integer < 0 || v->child->next->integer < 0 ||
-        v->child->integer > 64 || v->child->next->integer > 64)
-        return bad(st, key, "must be [start, size]");
+        v->child->next->kind != JSON_NUMBER || !v->child->integral || !v->child->next->integral ||
+        v->child->integer < 0 || v->child->next->integer < 1 ||
+        v->child->integer + v->child->next->integer > SIM_MAX_SLICES)
+        return bad(st, key, "must be [start, size] within the GPU's 8 slices");
     out->start = (unsigned)v->child->integer;
     out->size = (unsigned)v->child->next->integer;
     return 1;
@@ -126,6 +133,7 @@ static int read_profile(parse_state *st, const json *p, sim_gpu *gpu) {
     if (!get_u(st, p, "enum", &e)) return 0;
     if (e >= SIM_GI_PROFILES) return bad(st, "enum", "is not a GPU-instance profile");
     sim_gi_profile *gi = &gpu->gi_profiles[e];
+    if (gi->present) return bad(st, "enum", "repeats another profile's");
     gi->present = 1;
     const json *places = get_array(st, p, "placements", SIM_MAX_PLACEMENTS);
     if (!places || !get_u(st, p, "id", &gi->id) || !get_u(st, p, "slices", &gi->slices) ||
@@ -134,12 +142,16 @@ static int read_profile(parse_state *st, const json *p, sim_gpu *gpu) {
         !get_u(st, p, "jpegs", &gi->jpegs) || !get_u(st, p, "ofas", &gi->ofas) ||
         !get_uint(st, p, "memoryMiB", 1ull << 40, &gi->memory_mib))
         return 0;
-    for (const json *pl = places->child; pl; pl = pl->next)
+    for (const json *pl = places->child; pl; pl = pl->next) {
+        if (gi->placement_count >= SIM_MAX_PLACEMENTS) return bad(st, "placements", "has too many entries");
         if (!get_pair(st, pl, "placements", &gi->placements[gi->placement_count++])) return 0;
+    }
+    if (gi->instances != gi->placement_count) return bad(st, "instances", "is not the number of placements");
     return 1;
 }
 
 static int read_mig(parse_state *st, const json *m, sim_gpu *gpu, unsigned index) {
+    if (index >= SIM_MAX_MIGS) return bad(st, "migDevices", "has too many entries");
     sim_mig *mig = &gpu->migs[index];
     mig->gpu = gpu;
     mig->index = index;
@@ -156,6 +168,8 @@ static int read_mig(parse_state *st, const json *m, sim_gpu *gpu, unsigned index
         return 0;
     if (mig->gi_slices == 0 || mig->ci_slices == 0 || mig->ci_slices > mig->gi_slices)
         return bad(st, "ciSlices", "must be between 1 and giSlices");
+    if (mig->gi_id > SIM_MAX_GPU_INSTANCE_ID || mig->ci_id > SIM_MAX_COMPUTE_INSTANCE_ID)
+        return bad(st, "gpuInstanceId", "or computeInstanceId is past the driver's table (14, 7)");
     return 1;
 }
 
@@ -185,18 +199,22 @@ static int read_gpu(parse_state *st, const json *g, sim_gpu *gpu, unsigned count
         return bad(st, "numaNode", "must be an integer, -1 for none");
     gpu->numa_node = (int)numa->integer;
     if (!cc || cc->kind != JSON_ARRAY || json_length(cc) != 2 || cc->child->kind != JSON_NUMBER ||
-        cc->child->next->kind != JSON_NUMBER)
-        return bad(st, "computeCapability", "must be [major, minor]");
+        cc->child->next->kind != JSON_NUMBER || !cc->child->integral || !cc->child->next->integral ||
+        cc->child->integer < 0 || cc->child->integer > 99 || cc->child->next->integer < 0 ||
+        cc->child->next->integer > 99)
+        return bad(st, "computeCapability", "must be [major, minor], each 0 to 99");
     gpu->cc_major = (int)cc->child->integer;
     gpu->cc_minor = (int)cc->child->next->integer;
     if (json_length(topology) != count) return bad(st, "topology", "needs one level per GPU");
     unsigned i = 0;
     for (const json *t = topology->child; t; t = t->next, i++) {
+        if (i >= SIM_MAX_GPUS) return bad(st, "topology", "has too many entries");
         if (t->kind != JSON_NUMBER || !t->integral || t->integer < 0 || t->integer > 100)
             return bad(st, "topology", "must hold topology levels");
         gpu->topology[i] = (unsigned)t->integer;
     }
     for (const json *l = links->child; l; l = l->next) {
+        if (gpu->link_count >= SIM_MAX_LINKS) return bad(st, "nvlinks", "has too many entries");
         sim_link *link = &gpu->links[gpu->link_count++];
         if (!get_str(st, l, "remotePciBusId", link->remote_bus_id, sizeof link->remote_bus_id) ||
             !get_bool(st, l, "toSwitch", &link->to_switch))
@@ -208,7 +226,8 @@ static int read_gpu(parse_state *st, const json *g, sim_gpu *gpu, unsigned count
         if (!read_mig(st, m, gpu, gpu->mig_count++)) return 0;
     size_t length = 1;
     for (const json *n = unsupported->child; n; n = n->next) {
-        if (n->kind != JSON_STRING) return bad(st, "notSupported", "must hold function names");
+        if (n->kind != JSON_STRING || strlen(n->string) > 150)
+            return bad(st, "notSupported", "must hold function names");
         length += strlen(n->string) + 2;
     }
     if (!(gpu->not_supported = calloc(1, length + 1))) return bad(st, "notSupported", "out of memory");
@@ -229,46 +248,83 @@ static int read_node(parse_state *st, const json *doc, sim_node *node) {
         !get_str(st, doc, "nvmlVersion", node->nvml_version, sizeof node->nvml_version) ||
         !get_u(st, doc, "cudaDriverVersion", &cuda))
         return 0;
+    if (cuda > 0x7FFFFFFF) return bad(st, "cudaDriverVersion", "is past 2^31-1");
     node->cuda_driver_version = (int)cuda;
     node->gpu_count = (unsigned)json_length(gpus);
     unsigned position = 0;
+    unsigned char taken[SIM_MAX_GPUS] = {0};
     for (const json *g = gpus->child; g; g = g->next, position++) {
-        /* Place each GPU at its NVML index. */
+        /* Each GPU at its NVML index: a slot is read into once. */
         const json *index = json_get(g, "index");
-        unsigned slot = (index && index->kind == JSON_NUMBER && index->integer >= 0 &&
-                         index->integer < (long long)node->gpu_count) ? (unsigned)index->integer : position;
         snprintf(st->where, sizeof st->where, "gpus[%u].", position);
-        if (node->gpus[slot].uuid[0]) return bad(st, "index", "is used twice");
+        if (!index || index->kind != JSON_NUMBER || !index->integral || index->integer < 0 ||
+            index->integer >= (long long)node->gpu_count)
+            return bad(st, "index", "is not below the GPU count");
+        unsigned slot = (unsigned)index->integer;
+        if (taken[slot]) return bad(st, "index", "is used twice");
+        taken[slot] = 1;
         if (!read_gpu(st, g, &node->gpus[slot], node->gpu_count)) return 0;
     }
-    return 1;
+    st->where[0] = '\0';
+    return sim_node_check(node, st->error, sizeof st->error);
 }
 
-static nvmlReturn_t node_from_file(const char *path, sim_node **out) {
-    FILE *file = fopen(path, "rb");
-    if (!file) {
-        sim_complain("cannot read the node file %s: %s (write it with `deviceplugin sim-root NODE DIR`)",
-                     path, strerror(errno));
-        return NVML_ERROR_DRIVER_NOT_LOADED;
-    }
-    char *text = malloc(MAX_NODE_BYTES);
-    size_t length = text ? fread(text, 1, MAX_NODE_BYTES, file) : 0;
-    fclose(file);
-    if (!text || length == MAX_NODE_BYTES) {
-        free(text);
-        sim_complain("the node file %s is too big or memory ran out", path);
-        return NVML_ERROR_DRIVER_NOT_LOADED;
-    }
+void sim_node_free(sim_node *node) {
+    if (!node) return;
+    for (unsigned i = 0; i < SIM_MAX_GPUS; i++) free(node->gpus[i].not_supported);
+    free(node);
+}
+
+sim_node *sim_node_parse(const char *text, size_t length, char *error, size_t size) {
     parse_state st = {{0}, {0}};
     json *doc = json_parse(text, length, st.error, sizeof st.error);
-    free(text);
     sim_node *node = doc ? calloc(1, sizeof *node) : NULL;
     int ok = node && read_node(&st, doc, node);
     json_free(doc);
     if (!ok) {
-        if (node) for (unsigned i = 0; i < SIM_MAX_GPUS; i++) free(node->gpus[i].not_supported);
-        free(node);
-        sim_complain("the node file %s is malformed: %s", path, st.error[0] ? st.error : "out of memory");
+        sim_node_free(node);
+        snprintf(error, size, "%s", st.error[0] ? st.error : "out of memory");
+        return NULL;
+    }
+    return node;
+}
+
+/* The whole of a regular file of at most `limit` bytes, NUL-terminated; NULL with errno set
+ * (EINVAL: not a regular file, EFBIG: too big). */
+static char *read_regular(const char *path, size_t limit, size_t *length) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) return NULL;
+    if (fstat(fd, &st) != 0) { int code = errno; close(fd); errno = code; return NULL; }
+    if (!S_ISREG(st.st_mode)) { close(fd); errno = EINVAL; return NULL; }
+    if ((unsigned long long)st.st_size > limit) { close(fd); errno = EFBIG; return NULL; }
+    char *text = malloc((size_t)st.st_size + 1);
+    size_t got = 0;
+    ssize_t n = 1;
+    while (text && got < (size_t)st.st_size && (n = read(fd, text + got, (size_t)st.st_size - got)) > 0)
+        got += (size_t)n;
+    int code = !text ? ENOMEM : n < 0 ? errno : 0;
+    close(fd);
+    if (code) { free(text); errno = code; return NULL; }
+    text[got] = '\0';
+    *length = got;
+    return text;
+}
+
+static nvmlReturn_t node_from_file(const char *path, sim_node **out) {
+    size_t length;
+    char *text = read_regular(path, MAX_NODE_BYTES, &length);
+    if (!text) {
+        int code = errno;
+        sim_complain("cannot read the node file %s: %s (write it with `deviceplugin sim-root NODE DIR`)", path,
+                     code == EINVAL ? "not a regular file" : code == EFBIG ? "larger than 4 MiB" : strerror(code));
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    char error[256];
+    sim_node *node = sim_node_parse(text, length, error, sizeof error);
+    free(text);
+    if (!node) {
+        sim_complain("the node file %s is malformed: %s", path, error);
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
     *out = node;
@@ -287,8 +343,7 @@ nvmlReturn_t sim_load(void) {
     nvmlReturn_t result = node_from_file(node_path, &node);
     if (result != NVML_SUCCESS) return result;
     if ((result = sim_events_open()) != NVML_SUCCESS) {
-        for (unsigned i = 0; i < SIM_MAX_GPUS; i++) free(node->gpus[i].not_supported);
-        free(node);
+        sim_node_free(node);
         return result;
     }
     sim_current = node;

@@ -6,11 +6,15 @@
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
 #include <pthread.h>
+#include <stddef.h>
 
 #define SIM_MAX_GPUS 64
 #define SIM_MAX_MIGS 64
 #define SIM_MAX_LINKS NVML_NVLINK_MAX_LINKS
 #define SIM_MAX_PLACEMENTS 8
+#define SIM_MAX_SLICES 8
+#define SIM_MAX_GPU_INSTANCE_ID 14
+#define SIM_MAX_COMPUTE_INSTANCE_ID 7
 #define SIM_GI_PROFILES NVML_GPU_INSTANCE_PROFILE_COUNT
 #define SIM_NO_INSTANCE 0xFFFFFFFFu
 
@@ -95,7 +99,26 @@ nvmlReturn_t sim_gpu_instance(nvmlGpuInstance_t handle, const char *call, sim_mi
 nvmlReturn_t sim_compute_instance(nvmlComputeInstance_t handle, const char *call, sim_mig **mig);
 void sim_copy(char *out, unsigned length, const char *text, nvmlReturn_t *result);
 
+/* node.c: a node rendering (`length` bytes of JSON) -> a checked node, or NULL with a message. */
+sim_node *sim_node_parse(const char *text, size_t length, char *error, size_t size);
+void sim_node_free(sim_node *node);
+
+/* check.c: what the node's parts must agree on (unique ids, MIG layout); 0 with a message. */
+int sim_node_check(const sim_node *node, char *error, size_t size);
+
+/* eventline.c: one event line, read apart from the node it applies to. */
+typedef struct {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE]; /* "" when the line names none */
+    long long xid, recovery_action;               /* -1: absent */
+    int lost, retired_pages_pending, remapped_rows_pending; /* -1: absent */
+    unsigned long long ecc_type;                  /* 0: none */
+    nvmlReturn_t wait_error;                      /* NVML_SUCCESS: none */
+} sim_event_line;
+const char *sim_event_parse(const char *text, size_t length, sim_event_line *out);
+int sim_event_blank(const char *text, size_t length);
+
 /* events.c */
+#define SIM_MAX_LINE 4096
 nvmlReturn_t sim_events_open(void);
 void sim_events_pump(void);
 

@@ -1,0 +1,67 @@
+"""Opening the simulator's input files (node and events) without ever blocking.
+
+Both are untrusted paths that may name anything: a FIFO would block `open` until a writer
+comes (and every simulated NVML call behind it), `/dev/zero` never ends. A file is opened
+non-blocking and checked on the open descriptor, so whatever is swapped in at any moment is
+refused with a reason instead of read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class NotRegularError(OSError):
+    """The path names something other than a regular file."""
+
+
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file at `path` and its status. Raises OSError
+    (NotRegularError for a FIFO, device, directory or socket)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        for test, kind in _NOT_REGULAR:
+            if test(info.st_mode):
+                raise NotRegularError(f"{path} is {kind}, not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """The whole regular file at `path`, refused (ValueError) when it holds more than `limit`
+    bytes, even if it grows while read. Raises OSError when it cannot be read."""
+    fd, info = open_regular(path)
+    try:
+        if info.st_size > limit:
+            raise ValueError(f"{path} is {info.st_size} bytes; the limit is {limit}")
+        data = read_at_most(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"{path} holds more than {limit} bytes")
+    return data
+
+
+def read_at_most(fd: int, limit: int) -> bytes:
+    """Up to `limit` bytes from the descriptor's position, in bounded chunks."""
+    chunks: list[bytes] = []
+    total = 0
+    while total < limit:
+        chunk = os.read(fd, min(65536, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
