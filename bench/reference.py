@@ -43,10 +43,10 @@ from bench.scenarios import (
     registered,
     stub,
 )
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.plugin.demo import SEED_CONFIG, write_configmap
 from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from e2e.reference import plugins
 
 RESULTS = Path(__file__).parent / "results-reference.json"

@@ -24,8 +24,8 @@ from bench import drastart, process
 from bench.echo import register, write_answers
 from bench.nodes import MIG_RESOURCE, NodeSetup, default_node, large_node, swap_replicas
 from bench.report import Figure, median, p99
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.sim.kubelet import Endpoint, KubeletEmulator
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 REPEATS = 5
 START_REPEATS = 9  # exec → registered varies most from run to run: more starts, taken in turn

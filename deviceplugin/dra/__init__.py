@@ -3,6 +3,6 @@ and for the kubelet (the DRA plugin's gRPC services), a composition over the nod
 device plugin runs on too (`service`). `dra explain` and its API and scheduler emulation live
 apart, in `explain/`.
 
-May import `model`, `node`, `ops`, `runtime`, `sim` and `dra`: never the device plugin
+May import `wire`, `model`, `node`, `ops`, `runtime`, `sim` and `dra`: never the device plugin
 (`plugin`), `explain` or the root.
 """

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import grpc
 
 from bench.process import Child
-from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
 from e2e.reference import plugins
 
 REGISTER_TIMEOUT = 20.0

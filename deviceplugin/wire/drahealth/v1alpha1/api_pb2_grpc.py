@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from deviceplugin.dra.health.v1 import api_pb2 as deviceplugin_dot_dra_dot_health_dot_v1_dot_api__pb2
+from deviceplugin.wire.drahealth.v1alpha1 import api_pb2 as deviceplugin_dot_wire_dot_drahealth_dot_v1alpha1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in deviceplugin/dra/health/v1/api_pb2_grpc.py depends on'
+        + ' but the generated code in deviceplugin/wire/drahealth/v1alpha1/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,9 +38,9 @@ class DRAResourceHealthStub:
             channel: A grpc.Channel.
         """
         self.NodeWatchResources = channel.unary_stream(
-                '/v1.DRAResourceHealth/NodeWatchResources',
-                request_serializer=deviceplugin_dot_dra_dot_health_dot_v1_dot_api__pb2.NodeWatchResourcesRequest.SerializeToString,
-                response_deserializer=deviceplugin_dot_dra_dot_health_dot_v1_dot_api__pb2.NodeWatchResourcesResponse.FromString,
+                '/v1alpha1.DRAResourceHealth/NodeWatchResources',
+                request_serializer=deviceplugin_dot_wire_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesRequest.SerializeToString,
+                response_deserializer=deviceplugin_dot_wire_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -63,14 +63,14 @@ def add_DRAResourceHealthServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'NodeWatchResources': grpc.unary_stream_rpc_method_handler(
                     servicer.NodeWatchResources,
-                    request_deserializer=deviceplugin_dot_dra_dot_health_dot_v1_dot_api__pb2.NodeWatchResourcesRequest.FromString,
-                    response_serializer=deviceplugin_dot_dra_dot_health_dot_v1_dot_api__pb2.NodeWatchResourcesResponse.SerializeToString,
+                    request_deserializer=deviceplugin_dot_wire_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesRequest.FromString,
+                    response_serializer=deviceplugin_dot_wire_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'v1.DRAResourceHealth', rpc_method_handlers)
+            'v1alpha1.DRAResourceHealth', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('v1.DRAResourceHealth', rpc_method_handlers)
+    server.add_registered_method_handlers('v1alpha1.DRAResourceHealth', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -94,9 +94,9 @@ class DRAResourceHealth:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/v1.DRAResourceHealth/NodeWatchResources',
-            deviceplugin_dot_dra_dot_health_dot_v1_dot_api__pb2.NodeWatchResourcesRequest.SerializeToString,
-            deviceplugin_dot_dra_dot_health_dot_v1_dot_api__pb2.NodeWatchResourcesResponse.FromString,
+            '/v1alpha1.DRAResourceHealth/NodeWatchResources',
+            deviceplugin_dot_wire_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesRequest.SerializeToString,
+            deviceplugin_dot_wire_dot_drahealth_dot_v1alpha1_dot_api__pb2.NodeWatchResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
