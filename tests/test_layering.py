@@ -12,7 +12,8 @@ layer is the directory it sits in, with no exceptions:
 - `wire`, the generated gRPC stubs of the kubelet APIs, imports nothing else of the package, and
   every layer may import it;
 - only the top-level modules (`__main__`, `program`, `cli`, `commands`) compose them all;
-- exactly one module imports pynvml, and nothing below `__main__` calls sys.exit.
+- exactly one module imports pynvml, and nothing below `__main__` calls sys.exit;
+- no two modules, and no two layers, import each other, however indirectly.
 """
 
 from __future__ import annotations
@@ -253,3 +254,129 @@ def test_only_main_calls_sys_exit() -> None:
         and node.value.id == "sys"
     )
     assert callers == ["__main__"]
+
+
+def module_graph(tree_by_module: Mapping[str, ast.Module]) -> dict[str, set[str]]:
+    """Which of the given modules each one imports. Every import statement counts, wherever it
+    sits (top level, a function, `if TYPE_CHECKING:`): one deferred to save start-up time is
+    still a dependency, and deferring it must not hide a cycle. `from deviceplugin.a import b`
+    is an edge to `a.b` when that is a module, else to `a`; the package root is `__init__`."""
+    graph: dict[str, set[str]] = {}
+    for module, tree in tree_by_module.items():
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                targets.update(
+                    full if full.removeprefix("deviceplugin.") in tree_by_module else node.module
+                    for full in (f"{node.module}.{alias.name}" for alias in node.names)
+                )
+        names = {
+            t.removeprefix("deviceplugin").lstrip(".") or "__init__"
+            for t in targets
+            if t == "deviceplugin" or t.startswith("deviceplugin.")
+        }
+        graph[module] = {n for n in names if n in tree_by_module and n != module}
+    return graph
+
+
+def layer_graph(graph: Mapping[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto layers; the package root (`__init__`, which holds only the
+    version) is a node of its own, not the composing top level."""
+
+    def node(module: str) -> str:
+        return module if module == "__init__" else layer_of(module)
+
+    folded: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        folded.setdefault(node(module), set()).update(node(t) for t in targets)
+    return {layer: targets - {layer} for layer, targets in folded.items()}
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan), each sorted: every
+    set of nodes that import each other, directly or through others."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = [stack.pop()]
+            while component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_two_modules_import_each_other() -> None:
+    assert cycles(module_graph(modules())) == []
+
+
+def test_no_two_layers_import_each_other() -> None:
+    assert cycles(layer_graph(module_graph(modules()))) == []
+
+
+@pytest.mark.parametrize(
+    ("sources", "expected"),
+    [
+        pytest.param(
+            {
+                "dra.opaque": "from deviceplugin.dra.opaqueschema import sharing_of",
+                "dra.opaqueschema": "from deviceplugin.dra.opaque import OpaqueConfigError",
+            },
+            [["dra.opaque", "dra.opaqueschema"]],
+            id="two-modules",
+        ),
+        pytest.param(
+            {
+                "dra.opaque": "def parse():\n    from deviceplugin.dra import opaqueschema",
+                "dra.opaqueschema": "import deviceplugin.dra.opaque",
+            },
+            [["dra.opaque", "dra.opaqueschema"]],
+            id="deferred-into-a-function",
+        ),
+        pytest.param(
+            {
+                "node.a": "from deviceplugin.node.b import B",
+                "node.b": "from deviceplugin.node.c import C",
+                "node.c": "from deviceplugin.node import a",
+            },
+            [["node.a", "node.b", "node.c"]],
+            id="through-a-third",
+        ),
+    ],
+)
+def test_a_module_cycle_is_found(sources: dict[str, str], expected: list[list[str]]) -> None:
+    trees = {module: ast.parse(source) for module, source in sources.items()}
+    assert cycles(module_graph(trees)) == expected
+
+
+def test_a_layer_cycle_is_found_where_the_modules_have_none() -> None:
+    trees = {
+        "sim.pluginwatcher": ast.parse("from deviceplugin.dra.plugin import DraPlugin"),
+        "dra.plugin": ast.parse("from deviceplugin.sim.fake_nvml import FakeNvml"),
+        "sim.fake_nvml": ast.parse(""),
+        "cli": ast.parse(
+            "from deviceplugin import __version__\nfrom deviceplugin.ops import metrics"
+        ),
+        "ops.metrics": ast.parse("from deviceplugin import __version__"),
+        "__init__": ast.parse(""),
+    }
+    assert cycles(module_graph(trees)) == []
+    assert cycles(layer_graph(module_graph(trees))) == [["dra", "sim"]]
