@@ -43,7 +43,7 @@ from bench.scenarios import (
     registered,
     stub,
 )
-from deviceplugin.plugin.demo import SEED_CONFIG, write_configmap
+from deviceplugin.demos.plugin import SEED_CONFIG, write_configmap
 from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc

@@ -11,7 +11,8 @@ layer is the directory it sits in, with no exceptions:
 - `sim` imports `model` and `node`;
 - `wire`, the generated gRPC stubs of the kubelet APIs, imports nothing else of the package, and
   every layer may import it;
-- only the top-level modules (`__main__`, `program`, `cli`, `commands`) compose them all;
+- only the top-level modules (`__main__`, `program`, `cli`, `commands`) and `demos` (a daemon
+  wired to sim's emulators) compose them all; every other package is a layer;
 - exactly one module imports pynvml, and nothing below `__main__` calls sys.exit;
 - no two modules, and no two layers, import each other, however indirectly.
 """
@@ -39,6 +40,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "explain": ("wire", "model", "node", "runtime", "sim", "explain"),
     "sim": ("wire", "model", "node", "sim"),
 }
+# Packages that compose, as the top-level modules do: the root's rules.
+COMPOSITION = ("demos",)
 IO_LIBRARIES = ("pynvml", "grpc", "prometheus_client", "socket", "subprocess", "ctypes")
 
 
@@ -66,9 +69,15 @@ def imported(tree: ast.Module) -> set[str]:
 
 def layer_of(module: str) -> str:
     """The layer of a dotted name below `deviceplugin`: its first directory; "root" for the
-    top-level modules."""
+    top-level modules and the composition packages."""
     first = module.split(".")[0]
     return first if first in LAYERS else "root"
+
+
+def test_every_package_is_a_layer_or_composes() -> None:
+    """A new directory is not the root by default: it is given a rule, or named as composing."""
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert packages - {*LAYERS, *COMPOSITION} == set()
 
 
 def violations(tree_by_module: Mapping[str, ast.Module]) -> list[str]:
