@@ -65,10 +65,11 @@ def _run(options: command_options.CommandOptions) -> int:
 # What each optional dependency is installed with (pyproject's extras).
 EXTRAS = {
     "kubernetes_asyncio": "dra",
-    "aiohttp": "dra",
+    "aiohttp": "sim",  # the API-server stand-in (`dra demo`) serves with it
     "pydantic": "dra",
     "pydantic_core": "dra",
     "cel_expr_python": "cel",
+    "kubernetes_validate": "sim",
 }
 
 
