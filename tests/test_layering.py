@@ -14,7 +14,9 @@ layer is the directory it sits in, with no exceptions:
 - only the top-level modules (`__main__`, `program`, `cli`, `commands`) and `demos` (a daemon
   wired to sim's emulators) compose them all; every other package is a layer;
 - exactly one module imports pynvml, and nothing below `__main__` calls sys.exit;
-- no two modules, and no two layers, import each other, however indirectly.
+- no two modules, and no two layers, import each other, however indirectly;
+- beside the package, the benchmarks (`bench/`) and the end-to-end tests (`e2e/`) do not import
+  each other, and what both use (`testbed/`) imports neither.
 """
 
 from __future__ import annotations
@@ -389,3 +391,40 @@ def test_a_layer_cycle_is_found_where_the_modules_have_none() -> None:
     }
     assert cycles(module_graph(trees)) == []
     assert cycles(layer_graph(module_graph(trees))) == [["dra", "sim"]]
+
+
+# Beside the package: which of the repository's other trees each may not import.
+HARNESS_FORBIDDEN = {"bench": ("e2e",), "e2e": ("bench",), "testbed": ("bench", "e2e")}
+
+
+def harness_violations(tree_by_file: Mapping[str, ast.Module]) -> list[str]:
+    """Imports from a file under bench/, e2e/ or testbed/ of a tree it may not import."""
+    found = []
+    for file, tree in sorted(tree_by_file.items()):
+        forbidden = HARNESS_FORBIDDEN[file.split("/")[0]]
+        for name in sorted(imported(tree)):
+            if name.split(".")[0] in forbidden:
+                found.append(f"{file} imports {name}")
+    return found
+
+
+def test_bench_and_e2e_do_not_import_each_other() -> None:
+    files = {
+        str(path.relative_to(PACKAGE.parent)): ast.parse(path.read_text(), filename=str(path))
+        for tree in HARNESS_FORBIDDEN
+        for path in sorted((PACKAGE.parent / tree).rglob("*.py"))
+    }
+    assert len(files) > 20
+    assert harness_violations(files) == []
+
+
+def test_a_harness_import_across_is_found() -> None:
+    files = {
+        "bench/reference.py": ast.parse("from e2e.reference import compat"),
+        "e2e/reference/health.py": ast.parse("import bench.process"),
+        "testbed/plugins.py": ast.parse("from testbed.process import Child"),
+    }
+    assert harness_violations(files) == [
+        "bench/reference.py imports e2e.reference",
+        "e2e/reference/health.py imports bench.process",
+    ]

@@ -21,10 +21,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.process import Child
+from testbed.process import Child
 
-REPO = Path(__file__).resolve().parents[2]
-BUILD = Path(__file__).resolve().parent / "build.sh"
+REPO = Path(__file__).resolve().parent.parent
+# Beside the pinned Go modules of NVIDIA's components it builds, with the compatibility tests.
+BUILD = REPO / "e2e" / "reference" / "build.sh"
 KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 REFERENCE_EXECUTABLE = "nvidia-device-plugin"
 # What either plugin reads from the environment; neither may see the caller's.
