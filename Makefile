@@ -40,11 +40,12 @@ demo-dra: $(STAMP)
 # The Helm chart is linted, rendered and validated too (e2e/helm/check-chart.sh), with Helm built
 # once from the Go module proxy (e2e/helm/build.sh: needs Go; cached outside the clone).
 lint: $(LINT_STAMP)
-	$(PY) -m ruff check deviceplugin tests bench e2e
-	$(PY) -m ruff format --check deviceplugin tests bench e2e
+	$(PY) -m ruff check deviceplugin tests bench e2e testbed
+	$(PY) -m ruff format --check deviceplugin tests bench e2e testbed
 	$(PY) -m mypy
 	$(PY) -m mypy --strict e2e
 	$(PY) -m mypy --strict bench
+	$(PY) -m mypy --strict testbed
 	$(VENV)/bin/yamllint -s .yamllint.yaml manifests $(wildcard config)
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.30.0 -k 1.31.0 -k 1.32.0 -k 1.33.0 manifests/*.yaml manifests/variants/*.yaml
 	$(VENV)/bin/kubernetes-validate --strict --quiet -k 1.34.0 -k 1.35.0 -k 1.36.0 -k 1.37.0 manifests/*.yaml manifests/variants/*.yaml manifests/dra/*.yaml

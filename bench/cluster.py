@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Figure, median, p99, table, write_json
-from e2e.reference import plugins
+from testbed import plugins
 
 REPO = Path(__file__).resolve().parent.parent
 RUN = REPO / "e2e" / "cluster" / "run"

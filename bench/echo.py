@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 OPTIONS = api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from deviceplugin.plugin.demo import SEED_CONFIG, write_configmap
+from deviceplugin.demos.plugin import SEED_CONFIG, write_configmap
 
 DEFAULT_PRESET = "a100-80gb-x8-mixed"
 MIG_RESOURCE = "nvidia.com/mig-1g.10gb"

@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 
 from bench.nodes import DEFAULT_PRESET, MIG_RESOURCE, large_node
-from bench.process import Child, compile_sources, cpu_seconds, rss_bytes
+from bench.process import compile_sources
 from bench.report import machine, median, number, p99
 from bench.scenarios import (
     ALLOCATES,
@@ -43,11 +43,12 @@ from bench.scenarios import (
     registered,
     stub,
 )
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
-from deviceplugin.plugin.demo import SEED_CONFIG, write_configmap
+from deviceplugin.demos.plugin import SEED_CONFIG, write_configmap
 from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
-from e2e.reference import plugins
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from testbed import plugins
+from testbed.process import Child, cpu_seconds, rss_bytes
 
 RESULTS = Path(__file__).parent / "results-reference.json"
 OURS, REFERENCE = "ours", "reference"

@@ -24,8 +24,9 @@ from bench import drastart, process
 from bench.echo import register, write_answers
 from bench.nodes import MIG_RESOURCE, NodeSetup, default_node, large_node, swap_replicas
 from bench.report import Figure, median, p99
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.sim.kubelet import Endpoint, KubeletEmulator
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from testbed.process import Child
 
 REPEATS = 5
 START_REPEATS = 9  # exec → registered varies most from run to run: more starts, taken in turn
@@ -55,7 +56,7 @@ class Run:
 
     directory: Path
     kubelet: KubeletEmulator
-    child: process.Child
+    child: Child
     setup: NodeSetup
     events: Path
 
@@ -124,7 +125,7 @@ async def echo_server(
     name: str,
     answers: Path | None,
     register_as: str | None = None,
-) -> AsyncIterator[process.Child]:
+) -> AsyncIterator[Child]:
     """An echo process on <kubelet dir>/<name>, ready for calls (and registered, if asked)."""
     socket = kubelet.directory / name
     child = process.echo(log_dir, socket, answers, register_as)
@@ -297,7 +298,7 @@ async def default_node_figures(root: Path) -> list[Figure]:
     return figures
 
 
-async def _idle(run: Run, echo: process.Child) -> list[Figure]:
+async def _idle(run: Run, echo: Child) -> list[Figure]:
     """CPU of the plugin and of a registered echo over the same idle window, and their RSS."""
     rss, echo_rss = run.child.rss_bytes() / MIB, echo.rss_bytes() / MIB
     before, echo_before = run.child.cpu_seconds(), echo.cpu_seconds()
@@ -345,7 +346,7 @@ async def _allocate_answers(run: Run) -> tuple[Path, list[api_pb2.AllocateReques
 
 
 async def _allocate(
-    run: Run, requests: list[api_pb2.AllocateRequest], echo_child: process.Child
+    run: Run, requests: list[api_pb2.AllocateRequest], echo_child: Child
 ) -> list[Figure]:
     plugin_channel, plugin = stub(run.socket("nvidia.com/gpu"))
     echo_channel, echo = stub(run.kubelet.directory / "echo.sock")

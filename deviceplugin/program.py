@@ -49,7 +49,7 @@ def _run(options: command_options.CommandOptions) -> int:
         asyncio.run(serve_dra(options))
         return 0
     if isinstance(options, command_options.DraDemoOptions):
-        from deviceplugin.dra.demo import main as dra_demo
+        from deviceplugin.demos.dra import main as dra_demo
 
         return dra_demo(SERVE_ENV_VARS)
     if isinstance(options, command_options.ServeOptions):
@@ -57,16 +57,18 @@ def _run(options: command_options.CommandOptions) -> int:
 
         asyncio.run(serve(options))
         return 0
-    from deviceplugin.plugin.demo import demo
+    from deviceplugin.demos.plugin import demo
 
     return asyncio.run(demo())
 
 
 # What each optional dependency is installed with (pyproject's extras).
 EXTRAS = {
+    "aiohttp": "sim",  # the API-server stand-in (`dra demo`) serves with it
     "pydantic": "dra",
     "pydantic_core": "dra",
     "cel_expr_python": "cel",
+    "kubernetes_validate": "sim",
 }
 
 

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.kubelet.v1beta1 import api_pb2
-from deviceplugin.plugin.demo import SEED_CONFIG, write_configmap
+from deviceplugin.demos.plugin import SEED_CONFIG, write_configmap
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
 from e2e.runtime import (
     CDI_KIND,
     cdi_args,

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin.kubelet.v1beta1 import api_pb2
-from deviceplugin.plugin.demo import write_configmap
+from deviceplugin.demos.plugin import write_configmap
 from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
 from e2e.runtime import CDI_KIND, cdi_args, device_nodes, host_node, needs_podman, podman, workload
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -2,8 +2,11 @@
 
     python protos/generate.py [OUTPUT_ROOT]
 
-Stubs land under OUTPUT_ROOT (default: the repository root) as deviceplugin/<api>/..., so the
-test suite can generate into a temp dir and compare byte for byte with what is committed.
+Stubs land under OUTPUT_ROOT (default: the repository root) as deviceplugin/wire/<api>/..., the
+package every layer may import and that imports nothing else of ours; each proto's path below
+protos/ is its package's, so the stubs' own imports (`from deviceplugin.wire.<api> import
+api_pb2`) resolve. The test suite generates into a temp dir and compares byte for byte with what
+is committed.
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ from grpc_tools import protoc
 PROTO_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_ROOT.parent
 PROTOS = (
-    "deviceplugin/kubelet/v1beta1/api.proto",
-    "deviceplugin/kubelet/podresources/v1/api.proto",
-    "deviceplugin/dra/v1/api.proto",
-    "deviceplugin/dra/v1beta1/api.proto",
-    "deviceplugin/dra/pluginregistration/v1/api.proto",
-    "deviceplugin/dra/health/v1alpha1/api.proto",
-    "deviceplugin/dra/health/v1/api.proto",
+    "deviceplugin/wire/deviceplugin/v1beta1/api.proto",
+    "deviceplugin/wire/podresources/v1/api.proto",
+    "deviceplugin/wire/dra/v1/api.proto",
+    "deviceplugin/wire/dra/v1beta1/api.proto",
+    "deviceplugin/wire/pluginregistration/v1/api.proto",
+    "deviceplugin/wire/drahealth/v1alpha1/api.proto",
+    "deviceplugin/wire/drahealth/v1/api.proto",
 )
 
 

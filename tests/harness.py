@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deviceplugin.demos.plugin import SEED_CONFIG, write_configmap
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.plugin.demo import SEED_CONFIG, write_configmap
 from deviceplugin.plugin.service import run_supervisor
 from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import ServeOptions

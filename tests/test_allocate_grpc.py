@@ -15,9 +15,9 @@ from test_allocation import CASES, REJECTED, Case, Rejected, lay_out_host
 
 from deviceplugin.kubelet.responder import NodeAllocator, to_proto
 from deviceplugin.kubelet.server import PluginServer
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.model.config import Config
 from deviceplugin.model.resources import ResourceSet
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 
 async def _allocate_over_socket(

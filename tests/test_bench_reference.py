@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.reference import OURS, REFERENCE, Row, from_samples, table
-from e2e.reference.plugins import running
+from testbed.plugins import running
 
 # What /proc/<pid>/exe names for `sleep` (a multi-call binary on some systems).
 SLEEP = Path(shutil.which("sleep") or "/bin/sleep").resolve().name

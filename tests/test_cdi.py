@@ -17,7 +17,6 @@ import grpc
 import pytest
 import yaml
 
-from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.model.cdi import (
     CdiError,
     CdiOptions,
@@ -42,6 +41,7 @@ from deviceplugin.sim.hostroot import (
 )
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import read_node, resolve_node_path
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
 from tests.harness import GPU, MIG, SEED, Plugin, run, running_plugin
 
 PRESET = "a100-80gb-x8-mixed"

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from deviceplugin.cli import SERVE_ENV_VARS
-from deviceplugin.dra.demo import demo
+from deviceplugin.demos.dra import demo
 from tests.draplugin import short_dir
 
 

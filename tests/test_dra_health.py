@@ -17,11 +17,11 @@ from deviceplugin.dra.devicehealth import (
     HealthReporter,
     device_states,
 )
-from deviceplugin.dra.health.v1 import api_pb2 as v1
-from deviceplugin.dra.health.v1 import api_pb2_grpc as v1_grpc
 from deviceplugin.model.slices import device_name
 from deviceplugin.node.unixgrpc import close_unix, listen_unix
 from deviceplugin.sim.pluginwatcher import PluginWatcher
+from deviceplugin.wire.drahealth.v1 import api_pb2 as v1
+from deviceplugin.wire.drahealth.v1 import api_pb2_grpc as v1_grpc
 from tests.dranode import inventory
 from tests.draplugin import DRIVER, NODE, PRESET, claim, published, run, running_driver, short_dir
 

@@ -15,9 +15,9 @@ from test_http import GPU, until
 from test_node_config import CONFIG_LABEL, NODE, in_loop, running_node
 
 import deviceplugin.runtime.nodeagent
+from deviceplugin.demos.plugin import SEED_CONFIG
 from deviceplugin.model.config import load_config_text
 from deviceplugin.model.gpulabels import family, gpu_labels, owned, product_name
-from deviceplugin.plugin.demo import SEED_CONFIG
 from deviceplugin.runtime.nodelabels import label_patch
 from deviceplugin.sim.apiserver import ApiServer
 

@@ -23,11 +23,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import deviceplugin.ops.http
+from deviceplugin.demos.plugin import SEED_CONFIG
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.ops.http import MAX_HEAD, HttpServer, parse_address
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.plugin.demo import SEED_CONFIG
 from deviceplugin.plugin.service import run_supervisor
 from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import ServeOptions

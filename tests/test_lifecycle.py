@@ -15,9 +15,9 @@ import pytest
 import yaml
 from harness import GPU, MIG, SEED, Plugin, run, running_plugin
 
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import PRESETS_DIR
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 DEVICEPLUGIN = str(Path(sys.executable).with_name("deviceplugin"))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.kubelet.v1beta1 import api_pb2
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,7 +108,7 @@ DRA_FIELDS = {
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
 def test_dra_wire_names(version: str) -> None:
-    module = importlib.import_module(f"deviceplugin.dra.{version}.api_pb2")
+    module = importlib.import_module(f"deviceplugin.wire.dra.{version}.api_pb2")
     package = f"k8s.io.kubelet.pkg.apis.dra.{version}"
     assert module.DESCRIPTOR.package == package
     fields = {name: dict(f) for name, f in DRA_FIELDS.items()}
@@ -124,7 +124,7 @@ def test_dra_wire_names(version: str) -> None:
 
 
 def test_plugin_registration_wire_names() -> None:
-    from deviceplugin.dra.pluginregistration.v1 import api_pb2 as registration
+    from deviceplugin.wire.pluginregistration.v1 import api_pb2 as registration
 
     assert registration.DESCRIPTOR.package == "pluginregistration"
     assert _dra_messages(registration) == {
@@ -156,7 +156,7 @@ HEALTH_FIELDS = {
 def test_dra_health_wire_names(version: str) -> None:
     """Package `v1` / `v1alpha1` as in k8s.io/kubelet/pkg/apis/dra-health: the kubelet calls
     `/<version>.DRAResourceHealth/NodeWatchResources`."""
-    module = importlib.import_module(f"deviceplugin.dra.health.{version}.api_pb2")
+    module = importlib.import_module(f"deviceplugin.wire.drahealth.{version}.api_pb2")
     assert module.DESCRIPTOR.package == version
     assert _dra_messages(module) == HEALTH_FIELDS
     status = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]

@@ -17,11 +17,11 @@ from deviceplugin.kubelet import registrar as registrar_module
 from deviceplugin.kubelet.registrar import Registrar
 from deviceplugin.kubelet.responder import NodeAllocator
 from deviceplugin.kubelet.server import PluginServer
-from deviceplugin.kubelet.v1beta1 import api_pb2_grpc
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Device
 from deviceplugin.model.resources import ResourceSet
 from deviceplugin.ops.metrics import Metrics
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2_grpc
 
 
 @contextlib.asynccontextmanager

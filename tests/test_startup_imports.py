@@ -24,11 +24,14 @@ from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 
 PRESET = "a100-80gb-x8-mixed"
-# What `serve` never needs on its default flags: the DRA driver and its Kubernetes client and
-# CEL, the HTTP endpoints with prometheus-client and the pod-resources client behind them, and
-# the schema library the DRA driver's opaque configs use.
+# What `serve` never needs on its default flags: the DRA driver, its kubelet APIs, its Kubernetes
+# client and CEL, the HTTP endpoints with prometheus-client and the pod-resources client behind
+# them, and the schema library the DRA driver's opaque configs use.
 HEAVY = (
     "deviceplugin.dra",
+    "deviceplugin.wire.dra",
+    "deviceplugin.wire.drahealth",
+    "deviceplugin.wire.pluginregistration",
     "deviceplugin.runtime.kubeclient",
     "lightkube",
     "httpx2",
@@ -36,7 +39,7 @@ HEAVY = (
     "deviceplugin.ops.http",
     "prometheus_client",
     "deviceplugin.kubelet.pods",
-    "deviceplugin.kubelet.podresources",
+    "deviceplugin.wire.podresources",
     "pydantic",
 )
 # Not heavy, but needed only by what default flags leave off: the CDI spec's builder and host
@@ -114,9 +117,9 @@ def test_a_cdi_strategy_loads_the_spec_builder(tmp_path: Path) -> None:
 def test_http_address_loads_the_http_stack(tmp_path: Path) -> None:
     imports = _imports_on_preset(tmp_path, "--http-address", "127.0.0.1:0")
     assert _loaded(imports, HEAVY) == [
-        "deviceplugin.kubelet.podresources",
         "deviceplugin.kubelet.pods",
         "deviceplugin.ops.http",
+        "deviceplugin.wire.podresources",
         "prometheus_client",
     ]
 

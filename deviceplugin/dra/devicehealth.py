@@ -26,13 +26,13 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.dra.health.v1 import api_pb2 as v1
-from deviceplugin.dra.health.v1 import api_pb2_grpc as v1_grpc
-from deviceplugin.dra.health.v1alpha1 import api_pb2 as v1alpha1
-from deviceplugin.dra.health.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 from deviceplugin.model.devices import Gpu, MigDevice
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import unhealthy_reason
+from deviceplugin.wire.drahealth.v1 import api_pb2 as v1
+from deviceplugin.wire.drahealth.v1 import api_pb2_grpc as v1_grpc
+from deviceplugin.wire.drahealth.v1alpha1 import api_pb2 as v1alpha1
+from deviceplugin.wire.drahealth.v1alpha1 import api_pb2_grpc as v1alpha1_grpc
 
 HEALTH_TIMEOUT_SECONDS = 90
 RESEND_SECONDS = HEALTH_TIMEOUT_SECONDS / 3

@@ -30,27 +30,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
-from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.dra.opaquetypes import TIME_SLICING, OpaqueConfigError
 from deviceplugin.model.record import record
 
 API_VERSION = "deviceplugin.nvidia.com/v1alpha1"
 NVIDIA_API_VERSION = "resource.nvidia.com/v1beta1"  # NVIDIA's DRA driver's, accepted as well
 API_VERSIONS = (API_VERSION, NVIDIA_API_VERSION)
-TIME_SLICING = "TimeSlicing"
 CONFIG_PATH = "status.allocation.devices.config"
 SOURCES = ("FromClass", "FromClaim")  # the order in which entries apply
-
-Interval = Literal["Default", "Short", "Medium", "Long"]
-
-
-class OpaqueConfigError(DevicePluginError):
-    """An opaque configuration entry of this driver is invalid; `path` names the field."""
-
-    def __init__(self, path: str, message: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: {message}")
 
 
 @record(frozen=True)

@@ -1,6 +1,7 @@
 """The pydantic models of this driver's opaque parameters (`opaque.py` reads the entries around
-them). Loaded when a claim first carries parameters of ours, not at start-up: pydantic and these
-models cost `dra serve` about 40 ms before its first slice otherwise."""
+them; `opaquetypes.py` holds what both use). Loaded when a claim first carries parameters of
+ours, not at start-up: pydantic and these models cost `dra serve` about 40 ms before its first
+slice otherwise."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from deviceplugin.dra.opaque import TIME_SLICING, Interval, OpaqueConfigError
+from deviceplugin.dra.opaquetypes import TIME_SLICING, Interval, OpaqueConfigError
 
 
 class _Model(BaseModel):

@@ -23,13 +23,13 @@ import grpc
 from deviceplugin.dra.checkpoint import PreparedDevice
 from deviceplugin.dra.devicehealth import HealthReporter
 from deviceplugin.dra.prepare import ClaimRef, Preparer
-from deviceplugin.dra.v1 import api_pb2 as v1
-from deviceplugin.dra.v1 import api_pb2_grpc as v1_grpc
-from deviceplugin.dra.v1beta1 import api_pb2 as v1beta1
-from deviceplugin.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_exception
 from deviceplugin.node.unixgrpc import SocketPathError, UnixServer
+from deviceplugin.wire.dra.v1 import api_pb2 as v1
+from deviceplugin.wire.dra.v1 import api_pb2_grpc as v1_grpc
+from deviceplugin.wire.dra.v1beta1 import api_pb2 as v1beta1
+from deviceplugin.wire.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 
 logger = logging.getLogger(__name__)
 

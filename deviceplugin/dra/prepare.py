@@ -65,11 +65,11 @@ from deviceplugin.dra.opaque import (
     EXCLUSIVE,
     ConfigEntry,
     DeviceSettings,
-    OpaqueConfigError,
     device_env,
     read_entries,
     settings_for,
 )
+from deviceplugin.dra.opaquetypes import OpaqueConfigError
 from deviceplugin.model.cdi import (
     CdiError,
     CdiOptions,

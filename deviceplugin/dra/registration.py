@@ -20,10 +20,10 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.dra.pluginregistration.v1 import api_pb2, api_pb2_grpc
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
 from deviceplugin.node.unixgrpc import SocketPathError, UnixServer
+from deviceplugin.wire.pluginregistration.v1 import api_pb2, api_pb2_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,8 @@
 
 One gRPC server per resource name, registration on `kubelet.sock` (and again after a kubelet
 restart), the responder that turns model answers into Allocate and GetPreferredAllocation
-replies, the PodResources client, and the generated stubs of both kubelet APIs.
+replies, and the PodResources client; the APIs' generated stubs are in `wire`.
 
-May import: `deviceplugin.model` and `deviceplugin.node`. Never another front-end or the root.
+May import: `deviceplugin.wire`, `deviceplugin.model` and `deviceplugin.node`. Never another
+front-end or the root.
 """

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.assignments import PodDevice, PodDevices
 from deviceplugin.model.errors import PodResourcesError
+from deviceplugin.wire.podresources.v1 import api_pb2, api_pb2_grpc
 
 LIST_TIMEOUT_SECONDS = 2.0
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 
 from deviceplugin.kubelet.server import OPTIONS
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.model.errors import RegistrationError
 from deviceplugin.model.log import log_event
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.model.allocation import AllocateOptions, ContainerResponse, allocate
 from deviceplugin.model.config import Config, SharedDevicesAllocationPolicy
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.resources import ResourceSet
 from deviceplugin.model.topology import index_for, preferred_allocation
 from deviceplugin.node.hostdevices import HostDevices
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
 
 ANSWERS_KEPT = 1024  # distinct requests remembered; past that the memory starts again
 

@@ -20,11 +20,11 @@ from typing import Any, Protocol
 
 import grpc
 
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.model.errors import AllocationError, ConfigError
 from deviceplugin.model.log import log_event, log_exception
 from deviceplugin.model.resources import ResourceSet
 from deviceplugin.node.unixgrpc import SocketPathError, UnixServer
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 logger = logging.getLogger(__name__)
 

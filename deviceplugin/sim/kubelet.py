@@ -21,10 +21,10 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.kubelet.v1beta1 import api_pb2, api_pb2_grpc
 from deviceplugin.model.kubenames import is_extended_resource_name
 from deviceplugin.model.record import record
 from deviceplugin.node.unixgrpc import close_unix, listen_unix
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 SUPPORTED_VERSIONS = ("v1beta1",)
 

@@ -38,17 +38,17 @@ from typing import Any
 
 import grpc
 
-from deviceplugin.dra.health.v1 import api_pb2 as health_v1
-from deviceplugin.dra.health.v1 import api_pb2_grpc as health_v1_grpc
-from deviceplugin.dra.health.v1alpha1 import api_pb2 as health_v1alpha1
-from deviceplugin.dra.health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
-from deviceplugin.dra.pluginregistration.v1 import api_pb2 as registration
-from deviceplugin.dra.pluginregistration.v1 import api_pb2_grpc as registration_grpc
-from deviceplugin.dra.v1 import api_pb2 as v1
-from deviceplugin.dra.v1 import api_pb2_grpc as v1_grpc
-from deviceplugin.dra.v1beta1 import api_pb2 as v1beta1
-from deviceplugin.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from deviceplugin.model.record import record
+from deviceplugin.wire.dra.v1 import api_pb2 as v1
+from deviceplugin.wire.dra.v1 import api_pb2_grpc as v1_grpc
+from deviceplugin.wire.dra.v1beta1 import api_pb2 as v1beta1
+from deviceplugin.wire.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from deviceplugin.wire.drahealth.v1 import api_pb2 as health_v1
+from deviceplugin.wire.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from deviceplugin.wire.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from deviceplugin.wire.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
+from deviceplugin.wire.pluginregistration.v1 import api_pb2 as registration
+from deviceplugin.wire.pluginregistration.v1 import api_pb2_grpc as registration_grpc
 
 REGISTRY_DIR = "plugins_registry"
 DRA_TYPE = "DRAPlugin"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.kubelet.podresources.v1 import api_pb2, api_pb2_grpc
 from deviceplugin.node.unixgrpc import close_unix, listen_unix
+from deviceplugin.wire.podresources.v1 import api_pb2, api_pb2_grpc
 
 # (namespace, pod) -> container -> resource -> device IDs, in the order they were assigned
 _Assignments = dict[tuple[str, str], dict[str, dict[str, list[str]]]]

@@ -1,5 +1,5 @@
-"""The cluster's own init: a child subreaper that starts the components node.py asks it to start
-and reaps every process that ends beneath it.
+"""The cluster's own init: a child subreaper that starts the components processes.py asks it to
+start and reaps every process that ends beneath it.
 
 A process whose parent exits is re-parented to its nearest living ancestor that is a child
 subreaper, and to PID 1 only when there is none. containerd starts each pod's shim that way (the

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from e2e.cluster import node
+from e2e.cluster import processes as node_processes
 from e2e.cluster.kube import apply, delete_workloads, pod_running, wait_until, workload_pod
 
 
@@ -18,7 +18,7 @@ def shims(processes: dict[int, tuple[str, str, int]] | None = None) -> dict[int,
     """pid -> parent pid of every containerd shim, in `processes` or in a fresh look."""
     return {
         pid: ppid
-        for pid, (comm, state, ppid) in (processes or node.processes()).items()
+        for pid, (comm, state, ppid) in (processes or node_processes.processes()).items()
         if comm == "containerd-shim" and state != "Z"
     }
 
@@ -32,11 +32,11 @@ def running_pod() -> Iterator[None]:
 
 
 def test_components_and_shims_are_the_reapers_children(running_pod: None) -> None:
-    reaper = node.pid_of(node.REAPER)
+    reaper = node_processes.pid_of(node_processes.REAPER)
     assert reaper, "no reaper running"
-    processes = node.processes()
-    for name in node.STOP_ORDER:
-        pid = node.pid_of(name)
+    processes = node_processes.processes()
+    for name in node_processes.STOP_ORDER:
+        pid = node_processes.pid_of(name)
         assert pid and processes[pid][2] == reaper, f"{name}: {processes.get(pid or 0)}"
     found = shims(processes)
     assert found, "no shim: the check would prove nothing"
@@ -49,6 +49,6 @@ def test_a_deleted_pods_shim_is_reaped_not_left_defunct(running_pod: None) -> No
     wait_until("the pod's shim to exit", lambda: set(shims()) < before, timeout=60)
     # The reaper collects within a second; a zombie older than that has nobody to reap it.
     deadline = time.monotonic() + 5
-    while node.defunct() and time.monotonic() < deadline:
+    while node_processes.defunct() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert node.defunct() == []
+    assert node_processes.defunct() == []

@@ -5,7 +5,7 @@ claim of each is allocated, prepared and seen by its container.
 
 NVIDIA's plugin runs as a host process against the real kubelet and API server (in a private
 mount namespace that shows it the driver root's /proc/driver and /proc/devices,
-e2e/reference/plugins.py), not as a DaemonSet: it is the same binary and the same kubelet and
+testbed/plugins.py), not as a DaemonSet: it is the same binary and the same kubelet and
 API calls, without its Helm chart.
 """
 
@@ -42,7 +42,7 @@ from e2e.cluster.test_dra import (
     published,
     seen,
 )
-from e2e.reference import plugins
+from testbed import plugins
 
 DRIVER_ROOT = SIMULATED_NODE / "root"
 CLASSES = REPO / "manifests" / "dra" / "deviceclasses.yaml"

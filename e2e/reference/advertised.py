@@ -16,10 +16,10 @@ from typing import Any, TypeVar
 
 import grpc
 
-from bench.process import Child
-from deviceplugin.kubelet.v1beta1 import api_pb2
 from deviceplugin.sim.kubelet import KubeletEmulator
-from e2e.reference import plugins
+from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
+from testbed import plugins
+from testbed.process import Child
 
 REGISTER_TIMEOUT = 20.0
 QUIET_SECONDS = 0.4  # no new registration for this long: every resource has registered

@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from e2e.reference import plugins
 from e2e.reference.advertised import Advertised, advertised, in_turn
 from e2e.reference.known import Difference, explain
+from testbed import plugins
 
 CONFIG_DIR = plugins.REPO / "config"
 PRESETS = ("a100-80gb-x8-mixed", "a30-x4-mig", "a10-x8", "h100-x8", "dgx1-hybrid-cube")

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from bench.process import Child
 from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
-from e2e.reference import plugins
 from e2e.reference.advertised import in_turn, wait_registered
+from testbed import plugins
+from testbed.process import Child
 
 PRESET = "a100-80gb-x8-mixed"  # whole GPUs and MIG devices side by side
 CONFIG = {"version": "v1", "flags": {"migStrategy": "mixed"}}

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from e2e.reference import compat, plugins
+from e2e.reference import compat
 from e2e.reference.advertised import Advertised
 from e2e.reference.known import KNOWN, Difference, explain
+from testbed import plugins
 
 # For each documented difference, a case of the full matrix that shows it.
 SHOWN_BY = {

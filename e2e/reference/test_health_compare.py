@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
-from e2e.reference import health, plugins
+from e2e.reference import health
+from testbed import plugins
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of the kubelet DRA plugin API; regenerate with `make protos`."""

@@ -1,0 +1,225 @@
+"""The two device plugins as processes on one simulated driver root: NVIDIA's reference plugin
+(built by build.sh) and ours, each started the way a node runs it, against our kubelet emulator.
+
+The reference always puts its sockets in /var/lib/kubelet/device-plugins, reads
+/proc/driver/nvidia-caps from the host's /proc, NUMA affinity from /sys/bus/pci/devices and
+looks for the control device nodes in /dev, and with a CDI strategy writes its spec to
+/var/run/cdi. So it runs in a mount namespace of its own (root), where a bind mount puts the
+emulator's directory at that path and tmpfs and bind mounts give it the driver root's
+/proc/driver, /dev nodes and sysfs, and an empty /var/run/cdi: the host sees none of it. Ours
+takes the driver root, the kubelet directory and the CDI directory as flags.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from testbed.process import Child
+
+REPO = Path(__file__).resolve().parent.parent
+# Beside the pinned Go modules of NVIDIA's components it builds, with the compatibility tests.
+BUILD = REPO / "e2e" / "reference" / "build.sh"
+KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+REFERENCE_EXECUTABLE = "nvidia-device-plugin"
+# What either plugin reads from the environment; neither may see the caller's.
+PLUGIN_ENV_PREFIXES = ("NVIDIA_", "CONTAINER_DRIVER_ROOT", "DP_", "MIG_", "CONFIG_FILE")
+PLUGIN_ENV_NAMES = (
+    "FAIL_ON_INIT_ERROR",
+    "PASS_DEVICE_SPECS",
+    "DEVICE_LIST_STRATEGY",
+    "DEVICE_ID_STRATEGY",
+    "CDI_ANNOTATION_PREFIX",
+    "DEVICE_DISCOVERY_STRATEGY",
+    "KUBELET_SOCKET",
+)
+
+
+class ReferenceUnavailable(Exception):
+    """The reference cannot be built or run here (no Go, no gcc, not root)."""
+
+
+def reference_binaries() -> Path:
+    """The folder holding NVIDIA's binaries, built (or found in the cache) by build.sh."""
+    if shutil.which("go") is None:
+        raise ReferenceUnavailable("Go is not installed: build.sh needs it to build the reference")
+    done = subprocess.run(
+        [str(BUILD)], capture_output=True, text=True, check=False, env=_build_env()
+    )
+    if done.returncode != 0:
+        raise ReferenceUnavailable(f"build.sh failed:\n{done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def _build_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("GOTOOLCHAIN", "auto")
+    return env
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise ReferenceUnavailable("the reference plugin runs in a mount namespace: needs root")
+
+
+def runnable_binaries() -> Path:
+    """NVIDIA's binaries, when this process may run them as the comparisons do (root); raises
+    ReferenceUnavailable saying why not."""
+    require_root()
+    return reference_binaries()
+
+
+def sim_root(preset: str, directory: Path) -> Path:
+    """`deviceplugin sim-root PRESET DIR`: a driver root with the simulated NVML library."""
+    done = subprocess.run(
+        [sys.executable, "-m", "deviceplugin", "sim-root", preset, str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"sim-root {preset}: {done.stderr.strip()}")
+    return directory
+
+
+def plugin_env() -> dict[str, str]:
+    """The caller's environment without anything either plugin would read as a setting."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(PLUGIN_ENV_PREFIXES) and key not in PLUGIN_ENV_NAMES
+    }
+
+
+def running(pid: int, executable: str, proc: Path = Path("/proc")) -> int:
+    """The process that runs `executable` (a file name): `pid` itself once it has exec'd it, or
+    its nearest descendant that has (`unshare` may fork, `sh` forks unless the script execs).
+    Read from /proc/<pid>/exe and /proc/<pid>/task/*/children; LookupError if none does."""
+    queue = [pid]
+    while queue:
+        current = queue.pop(0)
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(proc / str(current) / "exe")).name == executable:
+                return current
+        for children in sorted((proc / str(current) / "task").glob("*/children")):
+            with contextlib.suppress(OSError):
+                queue += [int(child) for child in children.read_text().split()]
+    raise LookupError(f"no process under {pid} runs {executable}")
+
+
+def reference_pid(plugin: Child) -> int:
+    """The pid of NVIDIA's Go process itself, under the `unshare ... sh -c` that starts it."""
+    return running(plugin.pid, REFERENCE_EXECUTABLE)
+
+
+def reference(binaries: Path, root: Path, kubelet_dir: Path, config: Path, log: Path) -> Child:
+    """NVIDIA's plugin on driver root `root`, registering with `kubelet_dir/kubelet.sock`."""
+    script = "\n".join(
+        [
+            "set -e",
+            "mount --make-rprivate /",
+            f"mkdir -p {KUBELET_PLUGIN_DIR} /var/run/cdi",
+            f'mount --bind "$KUBELET_DIR" {KUBELET_PLUGIN_DIR}',
+            "mount -t tmpfs -o mode=0755 compat-driver /proc/driver",
+            'cp -r "$DRIVER_ROOT/proc/driver/." /proc/driver/',
+            "mount -t tmpfs -o mode=0755 compat-cdi /var/run/cdi",
+            # A GPU node's /dev (the reference looks for the control nodes there) and its PCI
+            # functions' NUMA affinity (read from /sys): the driver root's.
+            'mkdir -p "$WORK/dev"',
+            'cp -a /dev/null /dev/zero /dev/full /dev/random /dev/urandom "$WORK/dev/"',
+            'find "$DRIVER_ROOT/dev" -maxdepth 1 -name "nvidia*" ! -type d'
+            ' -exec cp -a -t "$WORK/dev/" {} +',
+            "mount -t tmpfs -o mode=0755 compat-dev /dev",
+            'cp -a "$WORK/dev/." /dev/',
+            'mount --bind "$DRIVER_ROOT/sys/bus/pci/devices" /sys/bus/pci/devices',
+            'exec "$PLUGIN" --config-file "$CONFIG" --kubelet-socket "$KUBELET_DIR/kubelet.sock"',
+        ]
+    )
+    env = plugin_env() | {
+        "PLUGIN": str(binaries / REFERENCE_EXECUTABLE),
+        "DRIVER_ROOT": str(root),
+        "KUBELET_DIR": str(kubelet_dir),
+        "CONFIG": str(config),
+        "WORK": str(log.parent),
+        "NVIDIA_DRIVER_ROOT": str(root),
+        "CONTAINER_DRIVER_ROOT": str(root),
+    }
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    return Child(argv, log, env)
+
+
+def ours(
+    root: Path,
+    kubelet_dir: Path,
+    config: Path,
+    cdi_dir: Path,
+    log: Path,
+    extra: Sequence[str] = (),
+) -> Child:
+    """`deviceplugin serve` on the same driver root, with the same config file (and `extra`
+    flags)."""
+    console = Path(sys.executable).parent / "deviceplugin"
+    command = [str(console)] if console.exists() else [sys.executable, "-m", "deviceplugin"]
+    argv = [*command, "serve", "--config-file", str(config), "--kubelet-dir", str(kubelet_dir)]
+    argv += ["--nvidia-driver-root", str(root), "--cdi-spec-dir", str(cdi_dir), *extra]
+    return Child(argv, log, plugin_env())
+
+
+DRA_PLUGIN_DIR = Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
+
+
+def hand_over_dra_checkpoint(plugin_dir: Path = DRA_PLUGIN_DIR) -> None:
+    """Both drivers are `gpu.nvidia.com` and keep `checkpoint.json` in the same folder, each in
+    its own format: NVIDIA's refuses to start on ours ("cannot unmarshal string into ...
+    Checkpoint.checksum"). Ours, with no claim prepared, is removed so that NVIDIA's starts
+    clean (docs/compatibility.md, "DRA"); one that still lists claims is an error."""
+    path = plugin_dir / "checkpoint.json"
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        return
+    except ValueError as err:
+        raise RuntimeError(f"{path}: not JSON: {err}") from err
+    if "version" not in document:
+        return  # NVIDIA's own
+    if document.get("data", {}).get("claims"):
+        raise RuntimeError(f"{path} still lists prepared claims: unprepare them first")
+    path.unlink()
+
+
+def dra_driver(
+    binaries: Path, root: Path, kubeconfig: Path, node_name: str, cdi_dir: Path, log: Path
+) -> Child:
+    """NVIDIA's DRA kubelet plugin on driver root `root`, for node `node_name` of the cluster in
+    `kubeconfig`, registering with the real kubelet (/var/lib/kubelet/plugins_registry). It
+    reads /proc/driver/nvidia/capabilities and the nvidia-caps major in /proc/devices from the
+    host's /proc: a private mount namespace shows it the driver root's."""
+    script = "\n".join(
+        [
+            "set -e",
+            "mount --make-rprivate /",
+            "mount -t tmpfs -o mode=0755 compat-driver /proc/driver",
+            'cp -r "$DRIVER_ROOT/proc/driver/." /proc/driver/',
+            'mount --bind "$DRIVER_ROOT/proc/devices" /proc/devices',
+            'exec "$PLUGIN" --node-name "$NODE_NAME" --kubeconfig "$KUBECONFIG"'
+            ' --nvidia-driver-root "$DRIVER_ROOT" --container-driver-root "$DRIVER_ROOT"'
+            ' --cdi-root "$CDI_ROOT" --nvidia-cdi-hook-path "$HOOK" --image-name unused:none',
+        ]
+    )
+    env = plugin_env() | {
+        "PLUGIN": str(binaries / "gpu-kubelet-plugin"),
+        "HOOK": str(binaries / "nvidia-cdi-hook"),
+        "DRIVER_ROOT": str(root),
+        "NODE_NAME": node_name,
+        "KUBECONFIG": str(kubeconfig),
+        "CDI_ROOT": str(cdi_dir),
+    }
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    return Child(argv, log, env)
