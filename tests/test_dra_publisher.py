@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from deviceplugin.dra.kubeapi import KubeApi, connect
 from deviceplugin.dra.publisher import Backoff, SlicePublisher
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.log import FIELDS
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.runtime.kubeclient import KubeError
 from deviceplugin.sim.apiserver import ApiServer
@@ -466,3 +468,62 @@ async def _enabling_mig_on_a_gpu_republishes_it_as_its_mig_devices(
 
 def test_enabling_mig_on_a_gpu_republishes_it_as_its_mig_devices(tmp_path: Path) -> None:
     run(_enabling_mig_on_a_gpu_republishes_it_as_its_mig_devices, tmp_path)
+
+
+class Refusals:
+    """A publish observer that counts what the API server refused."""
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []
+
+    def publish_done(self, seconds: float, ok: bool) -> None:
+        pass
+
+    def slices_repaired(self) -> None:
+        pass
+
+    def api_write_refused(self, resource: str) -> None:
+        self.refused.append(resource)
+
+
+def test_a_refused_write_is_logged_once_counted_each_time_and_shown_until_one_succeeds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="deviceplugin")
+    policy = (
+        "ValidatingAdmissionPolicy 'deviceplugin-dra-own-node' with binding"
+        " 'deviceplugin-dra-own-node' denied request: a driver writes only its own node's slices"
+    )
+    found = inventory("a100-80gb-x8-mixed")
+
+    async def main() -> None:
+        server = ApiServer()
+        await server.start()
+        observer = Refusals()
+        publisher = SlicePublisher(
+            connect(server=server.url),
+            NODE,
+            backoff=Backoff(first=0.01, most=0.02),
+            observer=observer,
+        )
+        try:
+            server.refuse_writes(policy)
+            assert not await publisher.publish(found, {})
+            while len(observer.refused) < 3:  # retried all the same: the policy may be fixed
+                await asyncio.sleep(0.01)
+            assert set(observer.refused) == {"resourceslices"}
+            assert publisher.refusal is not None and policy in publisher.refusal
+            assert server.slices == {}
+
+            server.refuse_writes(None)
+            await asyncio.wait_for(publisher.wait_published(), SAFETY)
+            assert publisher.refusal is None and len(server.slices) == 1
+        finally:
+            await publisher.close()
+            await server.stop()
+
+    asyncio.run(main())
+    refused = [r for r in caplog.records if r.getMessage() == "api.write.refused"]
+    assert len(refused) == 1 and refused[0].levelno == logging.ERROR
+    assert policy in str(getattr(refused[0], FIELDS)["error"])
+    assert not [r for r in caplog.records if r.getMessage() == "dra.publish.failed"]

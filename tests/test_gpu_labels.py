@@ -6,6 +6,7 @@ label key and value as the API server does."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ import deviceplugin.runtime.nodeagent
 from deviceplugin.demos.plugin import SEED_CONFIG
 from deviceplugin.model.config import load_config_text
 from deviceplugin.model.gpulabels import family, gpu_labels, owned, product_name
+from deviceplugin.model.log import FIELDS
+from deviceplugin.ops.metrics import Metrics
 from deviceplugin.runtime.nodelabels import label_patch
 from deviceplugin.sim.apiserver import ApiServer
 
@@ -202,3 +205,40 @@ async def test_a_mig_recut_relabels_and_removes_the_profile_gone(
         assert await node.supervisor.rediscover()  # what the periodic check does
         await until(lambda: on_node().get("nvidia.com/mig-3g.40gb.count") == "1")
         assert not [key for key in on_node() if key.startswith("nvidia.com/mig-1g.10gb")]
+
+
+POLICY = (
+    "ValidatingAdmissionPolicy 'deviceplugin-node-labels' with binding 'deviceplugin-node-labels'"
+    " denied request: the plugin writes only its own GPU label keys"
+)
+
+
+@in_loop
+async def test_a_refused_label_write_is_logged_once_counted_and_shown(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    caplog.set_level(logging.INFO, logger="deviceplugin")
+    monkeypatch.setattr(deviceplugin.runtime.nodeagent, "LABEL_CHECK_SECONDS", 0.05)
+    api = ApiServer()
+    api.refuse_writes(POLICY)
+    metrics = Metrics()
+
+    def refused() -> float:
+        sample = "deviceplugin_api_writes_refused_total"
+        return metrics.registry.get_sample_value(sample, {"resource": "nodes"}) or 0.0
+
+    async with running_node(
+        {CONFIG_LABEL: "shared"}, api=api, gpu_labels=True, metrics=metrics
+    ) as node:
+        await until(lambda: refused() >= 3)
+        status = (await node.status())["config"]["selection"]
+        assert POLICY in status["gpu_labels_error"]
+        assert node.supervisor.status().ready  # the kubelet is served all the same
+
+        api.refuse_writes(None)
+        await until(lambda: "nvidia.com/gpu.product" in api.nodes[NODE]["metadata"]["labels"])
+        status = (await node.status())["config"]["selection"]
+        assert status["gpu_labels_error"] is None
+
+    logged = [r for r in caplog.records if r.getMessage() == "api.write.refused"]
+    assert len(logged) == 1 and POLICY in getattr(logged[0], FIELDS)["error"]

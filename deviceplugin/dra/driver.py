@@ -306,6 +306,7 @@ class DraDriver:
             checkpoint_unusable=self.preparer.unusable if self.preparer is not None else None,
             device_plugin_conflict=self._conflict(),
             slice_watch_error=self.slice_watch.error if self.slice_watch is not None else None,
+            write_refused=self.publisher.refusal if self.publisher is not None else None,
         )
 
     # --- internals ------------------------------------------------------------------------------

@@ -41,7 +41,10 @@ What it guarantees:
   `wait_published()` waits until the newest state is on the server;
 - every attempt that reaches the API server, retries included, is reported to the optional
   `observer` with its duration and outcome, and `written` says what the pool holds. A failed
-  repair is retried as a failed publish is.
+  repair is retried as a failed publish is;
+- a write the API server refuses (403: RBAC, or the chart's own-node admission policy) is
+  counted at every attempt, logged once per message (`api.write.refused`, with the server's
+  message) and kept in `refusal` for /status until a write succeeds.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from deviceplugin.model.slices import (
     build_devices,
     build_slices,
 )
+from deviceplugin.runtime.kubeclient import KubeError
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +91,7 @@ class PublishObserver(Protocol):
 
     def publish_done(self, seconds: float, ok: bool) -> None: ...
     def slices_repaired(self) -> None: ...
+    def api_write_refused(self, resource: str) -> None: ...
 
 
 @record(frozen=True)
@@ -120,6 +125,7 @@ class SlicePublisher:
         self._api = api
         self._backoff = backoff or Backoff()
         self._observer = observer
+        self.refusal: str | None = None  # why the API server refused the latest write
         self._desired: list[JsonObject] = []  # the devices to publish
         self._version = 0  # bumped by every want(); the sync task chases the newest
         self._synced_version = -1
@@ -280,20 +286,24 @@ class SlicePublisher:
             self._stored = None
             self._synced_version = -1  # what the server holds is unknown: retry even a repair
             self._failures += 1
-            log_event(
-                logger,
-                "dra.publish.failed",
-                logging.WARNING,
-                node=self.node_name,
-                error=str(err) or repr(err),
-                retry=retry,
-            )
+            if isinstance(err, KubeError) and err.refused:
+                self._refused(str(err))
+            else:
+                log_event(
+                    logger,
+                    "dra.publish.failed",
+                    logging.WARNING,
+                    node=self.node_name,
+                    error=str(err) or repr(err),
+                    retry=retry,
+                )
             self._settle(version, False)
             return False
         finally:
             self._syncing = False
         if reached_api:
             self._report(began, ok=True)
+        self.refusal = None
         self._synced_version = version
         self._failures = 0
         if version == self._version:
@@ -303,6 +313,18 @@ class SlicePublisher:
         for kind, item in seen:
             self.changed_on_server(kind, item)
         return True
+
+    def _refused(self, message: str) -> None:
+        """The API server refused a write (RBAC, an admission policy): counted each time,
+        logged once per message, shown in /status until a write succeeds. Retried with backoff
+        all the same: an operator may fix the policy."""
+        if self._observer is not None:
+            self._observer.api_write_refused("resourceslices")
+        if message != self.refusal:
+            log_event(
+                logger, "api.write.refused", logging.ERROR, node=self.node_name, error=message
+            )
+        self.refusal = message
 
     def _report(self, began: float, ok: bool) -> None:
         if self._observer is not None:

@@ -44,6 +44,7 @@ class DraStatus:
     prepared_claims: int
     device_plugin_conflict: str | None = None  # why nothing is published: a device plugin serves
     slice_watch_error: str | None = None  # why the watch of the slices is down; None when up
+    write_refused: str | None = None  # the API server's refusal of the latest slice write
     checkpoint_unusable: CheckpointUnusable | None = None  # None: every read could be trusted
 
     @property
@@ -64,6 +65,8 @@ class DraStatus:
             reasons.append("slices not published yet")
         if self.api_error:
             reasons.append(self.api_error)
+        if self.write_refused:
+            reasons.append(f"slice writes refused: {self.write_refused}")
         if self.device_plugin_conflict:
             reasons.append(self.device_plugin_conflict)
         return reasons
@@ -82,6 +85,7 @@ class DraStatus:
             "pool": None if pool is None else asdict(pool),
             "api_error": self.api_error,
             "slice_watch_error": self.slice_watch_error,
+            "write_refused": self.write_refused,
             "device_plugin_conflict": self.device_plugin_conflict,
             "prepared_claims": self.prepared_claims,
             "checkpoint": {

@@ -63,6 +63,13 @@ class SharedMetrics:
             registry=r,
         )
         self.node_config_label_valid.set(1)
+        self.api_writes_refused = Counter(
+            "deviceplugin_api_writes_refused",
+            "API writes the API server refused (403: RBAC or an admission policy such as the"
+            " chart's own-node policies), by resource.",
+            ["resource"],
+            registry=r,
+        )
         self.build = Info(
             "deviceplugin_build", "Plugin version and NVML driver version.", registry=r
         )
@@ -77,6 +84,10 @@ class SharedMetrics:
     def config_reloaded(self, result: str) -> None:
         """One reload of the config file: applied, unchanged or rejected."""
         self.config_reloads.labels(result).inc()
+
+    def api_write_refused(self, resource: str) -> None:
+        """One write the API server refused (`KubeError.refused`)."""
+        self.api_writes_refused.labels(resource).inc()
 
     def config_in_force(self, latest: bool) -> None:
         """Whether the config file's latest content is the one in force."""
@@ -199,6 +210,9 @@ class NoSharedMetrics(SharedMetrics):
         pass
 
     def config_reloaded(self, result: str) -> None:
+        pass
+
+    def api_write_refused(self, resource: str) -> None:
         pass
 
     def config_in_force(self, latest: bool) -> None:

@@ -83,6 +83,13 @@ class KubeError(DevicePluginError):
         self.status = status
         super().__init__(message)
 
+    @property
+    def refused(self) -> bool:
+        """The server refused the request itself (403: RBAC, or an admission policy such as
+        the chart's own-node ValidatingAdmissionPolicies): asking again changes nothing until
+        an operator does."""
+        return self.status == 403
+
 
 class ConflictError(KubeError):
     """409: the object changed since it was read, or already exists."""
@@ -254,10 +261,14 @@ class KubeClient:
             status = err.status.code or 0
             message = f"{what}: {status} {err.status.reason or ''}: {err.status.message or ''}"
             return (ConflictError if status == 409 else KubeError)(message, status)
-        if isinstance(err, httpx2.HTTPStatusError):
+        if isinstance(err, httpx2.HTTPStatusError):  # an answer lightkube did not take as JSON
             self.unreachable = None
             status = err.response.status_code
-            return KubeError(f"{what}: {status} {err.response.reason_phrase}", status)
+            message = f"{what}: {status} {err.response.reason_phrase}"
+            said = _message(err.response)
+            if said:
+                message += f": {said}"
+            return (ConflictError if status == 409 else KubeError)(message, status)
         if isinstance(err, msgspec.DecodeError | msgspec.ValidationError | ValueError):
             self.unreachable = None
             return KubeError(f"{what}: the answer is not a Kubernetes object: {err}")
@@ -266,6 +277,16 @@ class KubeClient:
         else:
             self.unreachable = f"API server unreachable ({what}): {err!r}"
         return KubeError(self.unreachable)
+
+
+def _message(response: httpx2.Response) -> str:
+    """The `message` of a Status body, whatever its Content-Type says; "" when there is none."""
+    try:
+        body = msgspec.json.decode(response.read())
+    except Exception:  # not JSON, or a streamed body: the status line says enough
+        return ""
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message)[:1024] if message else ""
 
 
 def _kind(resource: Any) -> str:

@@ -289,8 +289,13 @@ class NodeAgent:
             async with self._label_lock:
                 written = await self._writer.write(wanted, self._node)
         except KubeError as exc:
+            if exc.refused:
+                resource = "nodefeatures" if self._writer.target == "NodeFeature" else "nodes"
+                self._supervisor.metrics.api_write_refused(resource)
             if self._label_error != str(exc):
-                log_event(logger, "gpu_labels.failed", logging.WARNING, error=str(exc))
+                event = "api.write.refused" if exc.refused else "gpu_labels.failed"
+                level = logging.ERROR if exc.refused else logging.WARNING
+                log_event(logger, event, level, error=str(exc))
             self._label_error = str(exc)
             return
         self._label_error = None

@@ -20,7 +20,8 @@ the kubelet registering a node and for `kubectl label`, `wipe` for the kubelet d
 slices; watches see their changes at once, and `end_watches` cuts every watch as a lost
 connection would.
 
-`fail_next(status, count)` makes the next requests fail, `compact()` makes a slice watch from
+`fail_next(status, count)` makes the next requests fail, `refuse_writes` answers writes as a
+denying admission policy does, `compact()` makes a slice watch from
 an older resourceVersion fail with 410 Gone, and `requests` records every call, so tests can
 check retries and that an unchanged publish writes nothing.
 """
@@ -94,6 +95,7 @@ class ApiServer:
         self.rejected: list[str] = []  # why each 422 was answered
         self._versions = itertools.count(1)
         self._failures: list[int] = []
+        self._refusal: str | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -134,6 +136,11 @@ class ApiServer:
     def fail_next(self, status: int, count: int = 1) -> None:
         """Answer the next `count` requests with `status` (a Status body, nothing stored)."""
         self._failures.extend([status] * count)
+
+    def refuse_writes(self, message: str | None) -> None:
+        """Answer every write with 403 and `message`, as an admission policy that denies it
+        does, until called with None."""
+        self._refusal = message
 
     def add_claim(self, claim: JsonObject) -> JsonObject:
         """Store a ResourceClaim as a create would (validated; raises ValueError if invalid)."""
@@ -221,6 +228,8 @@ class ApiServer:
         if self._failures:
             code = self._failures.pop(0)
             return _status(code, "InternalError", f"injected failure {code}")
+        if self._refusal is not None and request.method != "GET":
+            return _status(403, "Forbidden", self._refusal)
         response: web.StreamResponse = await handler(request)
         return response
 
