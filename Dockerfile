@@ -14,7 +14,7 @@
 ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS builder
-# `[dra]` for the DRA driver's image (`make image-dra`): the Kubernetes client comes with it.
+# `[dra]` for the DRA driver's image (`make image-dra`): pydantic for claims' opaque configs.
 ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
