@@ -340,3 +340,26 @@ def test_https_is_verified_against_the_clusters_ca(tmp_path: Path) -> None:
     node, refused = asyncio.run(body())
     assert node["metadata"] == {"name": "n", "resourceVersion": "5"}
     assert refused.status == 0 and "CERTIFICATE_VERIFY_FAILED" in str(refused)
+
+
+def test_a_watch_deadline_never_cancels_the_callers_handling_of_an_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(kubeclient, "WATCH_SECONDS", 0.2)
+    monkeypatch.setattr(kubeclient, "WATCH_GRACE_SECONDS", 0)
+    stream = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"
+    )
+    server = RawServer([stream, chunk(event("ADDED", "6"))])  # then the stream stays open
+
+    async def body() -> list[str]:
+        handled = []
+        async with server as url:
+            client = connect(None, {}, server=url)
+            async for kind, _ in client.watch(NODES, {"metadata.name": "n"}, "5"):
+                await asyncio.sleep(0.4)  # handling outlasts the watch's time: not cancelled
+                handled.append(kind)
+            await client.close()
+        return handled
+
+    assert asyncio.run(asyncio.wait_for(body(), 5)) == ["ADDED"]

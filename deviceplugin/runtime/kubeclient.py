@@ -189,17 +189,23 @@ class KubeClient:
             fields=dict(fields),
             resource_version=since,
             server_timeout=WATCH_SECONDS,
-        )
+        ).__aiter__()
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + WATCH_SECONDS + WATCH_GRACE_SECONDS
         try:
-            async with asyncio.timeout(WATCH_SECONDS + WATCH_GRACE_SECONDS):
-                async for kind, item in events:
-                    self.unreachable = None
-                    if kind in ("ADDED", "MODIFIED", "DELETED"):
-                        yield kind, dict(item)
-        except TimeoutError:
-            return  # time to list afresh
-        except Exception as err:
-            raise self._failure(what, err) from err
+            while (left := ends - loop.time()) > 0:
+                # The deadline bounds the wait for the next event only, never the caller's
+                # handling of one: a timeout spanning a yield would cancel the caller instead.
+                try:
+                    async with asyncio.timeout(left):
+                        kind, item = await events.__anext__()
+                except (StopAsyncIteration, TimeoutError):
+                    return  # time to list afresh
+                except Exception as err:
+                    raise self._failure(what, err) from err
+                self.unreachable = None
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    yield kind, dict(item)
         finally:
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
