@@ -41,7 +41,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deviceplugin.dra.checkpoint import BOOT_ID_FILE, FILE_NAME, Checkpoint, read_boot_id
 from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
@@ -72,6 +72,9 @@ from deviceplugin.runtime.engine import (
     NodeEngine,
 )
 from deviceplugin.runtime.options import DraServeOptions
+
+if TYPE_CHECKING:
+    from deviceplugin.ops.http import EndpointServer
 
 logger = logging.getLogger(__name__)
 
@@ -286,6 +289,12 @@ class DraDriver:
         self._device_plugins = found
         self._report_device_plugins()
         self._publish()
+
+    def endpoints(self, address: str) -> EndpointServer:
+        """/healthz, /readyz, /metrics and /status on `address`, from `status()`."""
+        from deviceplugin.ops.http import DraEndpoints, EndpointServer  # only a driver with HTTP
+
+        return EndpointServer(address, DraEndpoints(self))
 
     def status(self) -> DraStatus:
         """The driver's state now, for /readyz, /status and the gauges of /metrics."""

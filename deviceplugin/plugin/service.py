@@ -17,11 +17,11 @@ from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import ServeOptions
-from deviceplugin.runtime.run import install_signals, run_daemon
+from deviceplugin.runtime.run import run_daemon
 from deviceplugin.runtime.watch import Watchers
 
 if TYPE_CHECKING:
-    from deviceplugin.ops.http import HttpServer
+    from deviceplugin.runtime.run import Endpoints
 
 logger = logging.getLogger(__name__)
 
@@ -32,25 +32,14 @@ async def _often(supervisor: Supervisor) -> None:
     await supervisor.retry_cdi_spec()
 
 
-async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None) -> None:
+async def run_supervisor(
+    supervisor: Supervisor, http: Endpoints | None = None, signals: bool = False
+) -> None:
     """Start the supervisor and keep it reacting until its engine is asked to stop; always
-    cleans up.
-
-    HTTP (`http`, or one built from `--http-address`) listens before start-up begins, so
-    /healthz answers and /readyz says "starting" while devices are discovered and registered.
-    """
+    cleans up. HTTP (`http`, or the supervisor's endpoints on `--http-address`) listens before
+    start-up begins, so /healthz answers and /readyz says "starting" while devices are
+    discovered and registered."""
     settings = supervisor.settings
-    if http is None and settings.http_address:
-        # The HTTP stack and the pod-resources client only for a plugin that serves HTTP.
-        from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
-        from deviceplugin.ops.http import HttpServer
-
-        http = HttpServer(
-            settings.http_address,
-            supervisor,
-            pod_resources_socket(settings.kubelet_dir),
-            read_pods=read_pods,
-        )
 
     def watch_kubelet(watchers: Watchers, loop: asyncio.AbstractEventLoop) -> None:
         watchers.watch_kubelet(
@@ -66,6 +55,7 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
         often=lambda: _often(supervisor),
         failed_event="periodic.failed",
         http=http,
+        signals=signals,
         follows_node=settings.follows_node,
         watch=watch_kubelet,
         started=lambda: log_event(logger, "plugin.started", resources=sorted(supervisor.resources)),
@@ -73,7 +63,6 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
 
 
 async def serve(settings: ServeOptions) -> None:
-    """The `serve` command: run until SIGTERM or SIGINT."""
+    """The `serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file."""
     supervisor = Supervisor(settings, Metrics() if settings.http_address else NoMetrics())
-    install_signals(supervisor)
-    await run_supervisor(supervisor)
+    await run_supervisor(supervisor, signals=True)

@@ -40,6 +40,7 @@ from deviceplugin.runtime.engine import STOP_GRACE_SECONDS, NodeEngine
 from deviceplugin.runtime.options import ServeOptions
 
 if TYPE_CHECKING:
+    from deviceplugin.ops.http import HttpServer
     from deviceplugin.ops.status import Status
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,15 @@ class Supervisor:
 
         await self.engine.shutdown(stop_servers)
         log_event(logger, "plugin.stopped")
+
+    def endpoints(self, address: str) -> HttpServer:
+        """/healthz, /readyz, /metrics, /status and the pods holding devices on `address`."""
+        # The HTTP stack and the pod-resources client only for a plugin that serves HTTP.
+        from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
+        from deviceplugin.ops.http import HttpServer
+
+        socket = pod_resources_socket(self.settings.kubelet_dir)
+        return HttpServer(address, self, socket, read_pods=read_pods)
 
     def status(self) -> Status:
         from deviceplugin.ops.status import Status  # read by /readyz, /status and inspect only

@@ -1,7 +1,8 @@
 """The run loop both daemons share: a daemon started, kept reacting, and stopped again.
 
-`serve_daemon` is the one entry point of `serve` and `dra serve`: SIGTERM and SIGINT ask the
-daemon's engine to stop (its one stop request), SIGHUP forces a reload. The stop request is
+`run_daemon` is the one entry point of `serve` and `dra serve`: it installs the signals (SIGTERM
+and SIGINT ask the daemon's engine to stop, its one stop request; SIGHUP forces a reload) and
+the daemon's HTTP endpoints. The stop request is
 honoured at any point, start-up included: a start still waiting when it comes is cancelled.
 
 In this order: the HTTP endpoints listen first (so /healthz answers and /readyz says "starting"
@@ -38,6 +39,10 @@ if TYPE_CHECKING:  # the own Node's follower is loaded only where a daemon follo
 
         async def rediscover(self) -> bool: ...
 
+        def endpoints(self, address: str) -> Endpoints:
+            """The daemon's HTTP endpoints on `address` (`--http-address`)."""
+            ...
+
 
 class Endpoints(Protocol):
     """An HTTP server a daemon is operated through."""
@@ -64,15 +69,22 @@ async def run_daemon(
     often: Callable[[], Awaitable[object]],
     failed_event: str,
     http: Endpoints | None = None,
+    signals: bool = False,
     follows_node: bool = False,
     watch: Callable[[Watchers, asyncio.AbstractEventLoop], None] | None = None,
     started: Callable[[], None] | None = None,
 ) -> None:
-    """Run `daemon` until its engine is asked to stop; `daemon.stop()` stops it. `often` is the
-    cheap periodic check (its failures logged as `failed_event`), `watch` adds the daemon's own
-    watches and `started` is told once everything runs."""
+    """Run `daemon` until its engine is asked to stop; `daemon.stop()` stops it. With
+    `signals`, SIGTERM, SIGINT and SIGHUP are installed (`install_signals`); HTTP is `http`, or
+    the daemon's endpoints on `--http-address`. `often` is the cheap periodic check (its
+    failures logged as `failed_event`), `watch` adds the daemon's own watches and `started` is
+    told once everything runs."""
     loop = asyncio.get_running_loop()
     stop_requested = daemon.engine.wait_stopped
+    if signals:
+        install_signals(daemon)
+    if http is None and options.http_address:
+        http = daemon.endpoints(options.http_address)
     async with contextlib.AsyncExitStack() as running:
         # start-up's pause of garbage collection ends a moment after the daemon serves, and at
         # the latest after LONGEST_PAUSE_SECONDS (a start that waits on an API server that is down)
