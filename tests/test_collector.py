@@ -127,11 +127,23 @@ def test_a_daemon_settles_collection_once_it_serves(
     assert gc.isenabled()
 
 
+class _StuckEngine:
+    """An engine never asked to stop."""
+
+    async def wait_stopped(self) -> None:
+        await asyncio.Event().wait()
+
+
 class _StuckDaemon:
-    """A daemon whose start waits forever, as `dra serve`'s does on an API server that is down."""
+    """A daemon whose start waits forever (a start-up step that never ends)."""
+
+    engine = _StuckEngine()
 
     async def start(self) -> None:
         await asyncio.Event().wait()
+
+    async def stop(self) -> None:
+        pass
 
 
 def test_a_start_that_never_ends_still_resumes_collection(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -145,8 +157,6 @@ def test_a_start_that_never_ends_still_resumes_collection(monkeypatch: pytest.Mo
             run_daemon(
                 _StuckDaemon(),  # type: ignore[arg-type]
                 DaemonOptions(),
-                until=asyncio.Event().wait,
-                shutdown=nothing,
                 often=nothing,
                 failed_event="test.failed",
             )
