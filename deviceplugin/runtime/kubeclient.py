@@ -135,6 +135,10 @@ def connect(
     try:
         single = config.get()
         assert single is not None
+        if single.cluster.server.startswith("http://"):
+            # no TLS: a TLS context would load the system's CA bundle (4.6 MiB) for nothing
+            cluster = msgspec.structs.replace(single.cluster, insecure=True)
+            single = single._replace(cluster=cluster)
         timeout = httpx2.Timeout(IO_SECONDS, connect=CONNECT_SECONDS)
         params = ConnectionParams(timeout=timeout, trust_env=False).httpx_params(single)
         transport = _PacedWatches(
