@@ -527,3 +527,26 @@ def test_a_refused_write_is_logged_once_counted_each_time_and_shown_until_one_su
     assert len(refused) == 1 and refused[0].levelno == logging.ERROR
     assert policy in str(getattr(refused[0], FIELDS)["error"])
     assert not [r for r in caplog.records if r.getMessage() == "dra.publish.failed"]
+
+
+def test_a_fresh_list_cuts_a_failed_writes_backoff_short() -> None:
+    """The slice watch's list answered: the API server is back, so the publisher's retry does
+    not wait out a backoff that grew while the server hung."""
+    found = inventory("a100-80gb-x8-mixed")
+
+    async def main() -> None:
+        server = ApiServer()
+        await server.start()
+        publisher = SlicePublisher(connect(server=server.url), NODE, backoff=Backoff(first=30.0))
+        try:
+            server.fail_next(503)
+            assert not await publisher.publish(found, {})
+            lister = connect(server=server.url)
+            publisher.check((await lister.list_slices(NODE, "gpu.nvidia.com")).items)
+            await lister.close()
+            await asyncio.wait_for(publisher.wait_published(), SAFETY)
+        finally:
+            await publisher.close()
+            await server.stop()
+
+    asyncio.run(main())

@@ -137,6 +137,7 @@ class SlicePublisher:
         self._last_repair = -REPAIR_QUIET_SECONDS
         self._not_before = 0.0  # a paced repair waits until then
         self._wake = asyncio.Event()
+        self._answering = asyncio.Event()  # set by a fresh list: the API server answers
         self._syncing = False
         self._seen_while_syncing: list[tuple[str, JsonObject]] = []
         self._waiters: list[tuple[int, asyncio.Future[bool]]] = []
@@ -189,7 +190,9 @@ class SlicePublisher:
 
     def check(self, found: Sequence[JsonObject]) -> None:
         """Repair the slices unless `found` (a fresh list of them) holds exactly the versions
-        last written: one was deleted, changed or added while nobody watched."""
+        last written: one was deleted, changed or added while nobody watched. A failed write
+        waiting out its backoff is retried at once: the server answers again."""
+        self._answering.set()  # the server answers again: a retry need not wait out its backoff
         if self._syncing or self._stored is None:
             return  # a sync that lists anyway is under way or due
         if _versions(found) != _versions(self._stored.values()):
@@ -271,7 +274,11 @@ class SlicePublisher:
                 self._settle(self._version, True)
                 continue
             if not await self._attempt(retry=self._failures > 0):
-                await asyncio.sleep(self._backoff.delay(self._failures))
+                self._answering.clear()
+                with contextlib.suppress(TimeoutError):  # the backoff, cut short by an answer
+                    await asyncio.wait_for(
+                        self._answering.wait(), self._backoff.delay(self._failures)
+                    )
                 self._wake.set()
 
     async def _attempt(self, retry: bool = False) -> bool:
