@@ -76,7 +76,11 @@ def chart_objects() -> list[str]:
     kinds = "daemonsets,configmaps,serviceaccounts,roles,rolebindings,services,pods"
     selector = f"app.kubernetes.io/instance={RELEASE}"
     found = kubectl("get", kinds, "-A", "-l", selector, "-o", "name")
-    cluster = kubectl("get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name")
+    cluster_kinds = (
+        "clusterroles,clusterrolebindings,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings"
+    )
+    cluster = kubectl("get", cluster_kinds, "-l", selector, "-o", "name")
     return [line for line in (found + cluster).splitlines() if line.strip()]
 
 
