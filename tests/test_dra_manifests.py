@@ -1,6 +1,8 @@
 """manifests/dra: valid for every Kubernetes release that serves resource.k8s.io/v1, least
-privilege, the host paths the DRA driver needs, DeviceClasses that `dra explain` reads (the CEL
-compiles, the extended resource names are valid), and the seed's template in v1beta1."""
+privilege (the verbs the driver's API calls use, and a ValidatingAdmissionPolicy that keeps its
+slice writes to its own node), the host paths the DRA driver needs, DeviceClasses that `dra
+explain` reads (the CEL compiles, the extended resource names are valid), and the seed's
+template in v1beta1."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import pytest
 import yaml
 
 from deviceplugin.cli import parse_options
+from deviceplugin.dra.kubeapi import KubeApi
 from deviceplugin.explain.resourceapi import read_claims, read_classes
-from deviceplugin.runtime.options import DraServeOptions
+from deviceplugin.runtime.options import DEFAULT_DRA_DRIVER, DraServeOptions
 
 DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")
@@ -45,7 +48,23 @@ def test_resource_v1_is_not_served_before_1_34() -> None:
         kubernetes_validate.validate(seed, "1.33", strict=True)
 
 
-def test_the_role_grants_slices_and_reading_claims_only() -> None:
+# Each API call of the driver (deviceplugin/dra/kubeapi.py) and the verb it needs.
+VERBS = {
+    "list_slices": ("resource.k8s.io", "resourceslices", "list"),
+    "watch_slices": ("resource.k8s.io", "resourceslices", "watch"),
+    "create_slice": ("resource.k8s.io", "resourceslices", "create"),
+    "replace_slice": ("resource.k8s.io", "resourceslices", "update"),
+    "delete_slice": ("resource.k8s.io", "resourceslices", "delete"),
+    "read_claim": ("resource.k8s.io", "resourceclaims", "get"),
+}
+
+
+def test_the_role_grants_the_verbs_of_the_drivers_calls_and_nothing_more() -> None:
+    calls = {n for n in vars(KubeApi) if not n.startswith("_")} - {"close"}
+    assert calls == set(VERBS), "a call was added or removed: update VERBS and rbac.yaml"
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for group, resource, verb in VERBS.values():
+        wanted.setdefault((group, resource), []).append(verb)
     (role,) = of_kind("ClusterRole")
     grants = {
         (group, resource): sorted(rule["verbs"])
@@ -53,12 +72,7 @@ def test_the_role_grants_slices_and_reading_claims_only() -> None:
         for group in rule["apiGroups"]
         for resource in rule["resources"]
     }
-    assert grants == {
-        ("resource.k8s.io", "resourceslices"): sorted(
-            ["create", "update", "delete", "get", "list", "watch"]
-        ),
-        ("resource.k8s.io", "resourceclaims"): ["get"],
-    }
+    assert grants == {key: sorted(verbs) for key, verbs in wanted.items()}
     (binding,) = of_kind("ClusterRoleBinding")
     (account,) = of_kind("ServiceAccount")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -69,6 +83,61 @@ def test_the_role_grants_slices_and_reading_claims_only() -> None:
             "namespace": account["metadata"]["namespace"],
         }
     ]
+
+
+def test_slice_writes_are_kept_to_the_drivers_own_node_by_an_admission_policy() -> None:
+    (policy,) = of_kind("ValidatingAdmissionPolicy")
+    (binding,) = of_kind("ValidatingAdmissionPolicyBinding")
+    (account,) = of_kind("ServiceAccount")
+    (daemonset,) = of_kind("DaemonSet")
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE", "DELETE"],
+            "resources": ["resourceslices"],
+        }
+    ]
+    # requests of the driver's service account, and of nobody else
+    assert (
+        daemonset["spec"]["template"]["spec"]["serviceAccountName"] == account["metadata"]["name"]
+    )
+    user = f"system:serviceaccount:{account['metadata']['namespace']}:{account['metadata']['name']}"
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"] == f"request.userInfo.username == '{user}'"
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert "'authentication.kubernetes.io/node-name'" in variables["node"]
+    # create: the new slice; delete: the old one; update: both
+    assert variables["slices"] == (
+        "request.operation == 'CREATE' ? [object] : "
+        "request.operation == 'DELETE' ? [oldObject] : [object, oldObject]"
+    )
+    rules = [v["expression"] for v in spec["validations"]]
+    assert rules == [
+        "variables.node != ''",
+        "variables.slices.all(s, s.spec.?nodeName.orValue('') == variables.node)",
+        f"variables.slices.all(s, s.spec.driver == '{DEFAULT_DRA_DRIVER}')",
+    ]
+    assert {v["reason"] for v in spec["validations"]} == {"Forbidden"}
+    # the driver as deployed publishes under the default name, the one the policy allows
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    settings = parse_options(container["command"][1:], env)
+    assert isinstance(settings, DraServeOptions)
+    assert settings.driver_name == DEFAULT_DRA_DRIVER
+
+
+def test_the_kustomization_applies_every_manifest_of_the_driver() -> None:
+    kustomization = yaml.safe_load((DRA / "Kustomization").read_text())
+    assert {"rbac.yaml", "node-restriction.yaml", "daemonset.yaml"} <= set(
+        kustomization["resources"]
+    )
 
 
 def test_the_daemonset_mounts_what_the_driver_needs_and_holds_no_privilege() -> None:

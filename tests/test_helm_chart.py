@@ -4,10 +4,12 @@ Pure checks of Chart.yaml and values.yaml always run; renderings need Helm (`mak
 at e2e/cluster/run/bin/helm; a `helm` on PATH does too) and are skipped without it. Schema
 validation of the renderings is `make lint`'s job (e2e/helm/check-chart.sh); these tests check
 what a schema cannot: the environment is what `serve` reads, a config change rolls no pod, the
-RBAC is what the features need and nothing more, bad values fail naming the problem."""
+RBAC is what the features need and nothing more, the admission policies keep each daemon's
+writes to its own node, bad values fail naming the problem."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tomllib
@@ -16,9 +18,12 @@ from typing import Any
 
 import pytest
 import yaml
+from dranode import inventory
 
 from deviceplugin.cli import SERVE_ENV_VARS
-from deviceplugin.model.config import parse_config
+from deviceplugin.model.config import load_config_text, parse_config
+from deviceplugin.model.gpulabels import gpu_labels, owned
+from deviceplugin.sim.node import preset_names
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "manifests" / "helm" / "deviceplugin"
@@ -162,13 +167,20 @@ def test_defaults_are_least_privilege() -> None:
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
     assert container_env(plugin(docs))["NVIDIA_MIG_MONITOR_DEVICES"] == ""
-    # GPU labels are on by default: read and patch its Node, keep its NodeFeature; no more
+    # GPU labels are on by default: list and watch its Node (by field selector), patch it, keep
+    # its NodeFeature (get, create, update: deviceplugin/runtime/nodelabels.py); no more
     (role,) = of_kind(docs, "ClusterRole")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch", "patch"]}
     ]
     (features,) = of_kind(docs, "Role")
-    assert features["rules"][0]["resources"] == ["nodefeatures"]
+    assert features["rules"] == [
+        {
+            "apiGroups": ["nfd.k8s-sigs.io"],
+            "resources": ["nodefeatures"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]
     assert spec["automountServiceAccountToken"] is True
 
 
@@ -209,8 +221,9 @@ def test_named_configs_without_labels_read_the_node_and_post_events_only() -> No
     docs = render(*NAMED, "--set", "gpuLabels.enabled=false")
     (role,) = of_kind(docs, "ClusterRole")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}
     ]
+    assert not of_kind(docs, "ValidatingAdmissionPolicy"), "it writes no Node, no NodeFeature"
     (events,) = of_kind(docs, "Role")
     assert events["metadata"]["namespace"] == "default"
     assert events["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
@@ -278,3 +291,158 @@ def test_a_service_monitor_when_asked() -> None:
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
     assert service["spec"]["selector"] == plugin(docs)["spec"]["selector"]["matchLabels"]
+
+
+# --- admission policies: each daemon's writes kept to its own node ----------------------------
+
+
+def policies(docs: list[Doc]) -> dict[str, Doc]:
+    """The ValidatingAdmissionPolicies by name, each checked bound (Deny) and failing closed."""
+    found = {d["metadata"]["name"]: d for d in of_kind(docs, "ValidatingAdmissionPolicy")}
+    bindings = {
+        d["spec"]["policyName"]: d["spec"]
+        for d in of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    }
+    assert set(bindings) == set(found)
+    for name, policy in found.items():
+        assert bindings[name] == {"policyName": name, "validationActions": ["Deny"]}
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        assert {v.get("reason") for v in policy["spec"]["validations"]} == {"Forbidden"}
+        variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+        assert "'authentication.kubernetes.io/node-name'" in variables["node"]
+        assert policy["spec"]["validations"][0]["expression"] == "variables.node != ''"
+    return found
+
+
+def matched_user(policy: Doc) -> str:
+    (condition,) = policy["spec"]["matchConditions"]
+    found = re.fullmatch(r"request\.userInfo\.username == '([^']+)'", condition["expression"])
+    assert found, condition
+    return found[1]
+
+
+def owned_keys_pattern(policy: Doc) -> str:
+    """The one regular expression the policy's label checks use."""
+    patterns = {
+        pattern
+        for rule in policy["spec"]["validations"]
+        for pattern in re.findall(r"\.matches\('([^']+)'\)", rule["expression"])
+    }
+    (pattern,) = patterns
+    return pattern
+
+
+@needs_helm
+def test_the_plugin_may_write_only_its_own_nodes_gpu_labels() -> None:
+    docs = render()
+    found = policies(docs)
+    assert set(found) == {"rel-deviceplugin-nodes", "rel-deviceplugin-nodefeatures"}
+    account = plugin(docs)["spec"]["template"]["spec"]["serviceAccountName"]
+    for policy in found.values():
+        assert matched_user(policy) == f"system:serviceaccount:gpu:{account}"
+    nodes = found["rel-deviceplugin-nodes"]["spec"]
+    (rule,) = nodes["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [""] and rule["resources"] == ["nodes", "nodes/status"]
+    assert rule["operations"] == ["CREATE", "UPDATE", "DELETE"]
+    rules = [v["expression"] for v in nodes["validations"]]
+    # only an update of the Node itself, the pod's own, and nothing but owned labels changed
+    assert (
+        "request.operation == 'UPDATE' && (!has(request.subResource) || request.subResource == '')"
+        in rules
+    )
+    assert "request.name == variables.node" in rules
+    assert "request.operation != 'UPDATE' || object.spec == oldObject.spec" in rules
+    assert any("metadata.?annotations" in r for r in rules)
+    features = found["rel-deviceplugin-nodefeatures"]["spec"]
+    (rule,) = features["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["nfd.k8s-sigs.io"] and rule["resources"] == ["nodefeatures"]
+    (named,) = [
+        v["expression"] for v in features["validations"] if "-deviceplugin" in v["expression"]
+    ]
+    assert "f.metadata.name == variables.node + '-deviceplugin'" in named
+    assert "'nfd.node.kubernetes.io/node-name'" in named
+
+
+def label_keys() -> set[str]:
+    """Every label key the plugin writes on the simulated presets, whatever the MIG strategy."""
+    keys: set[str] = set()
+    for preset in preset_names():
+        found = inventory(preset)
+        for strategy in ("none", "single", "mixed"):
+            text = f"version: v1\nflags:\n  migStrategy: {strategy}\n"
+            keys |= set(gpu_labels(found, load_config_text(text, None, {}, {}).config))
+    return keys
+
+
+@needs_helm
+def test_the_policies_allow_exactly_the_label_keys_the_plugin_owns() -> None:
+    found = policies(render())
+    pattern = owned_keys_pattern(found["rel-deviceplugin-nodes"])
+    assert owned_keys_pattern(found["rel-deviceplugin-nodefeatures"]) == pattern
+    written = label_keys()
+    assert "nvidia.com/mig-1g.10gb.count" in written
+    others = {
+        "nvidia.com/device-plugin.config",  # the operator's: names the config
+        "nvidia.com/gpu.present.x",
+        "nvidia.com/gpu",
+        "nvidia.com/mig-1g.10gb/count",
+        "xnvidia.com/gpu.count",
+        "nvidiaxcom/gpu.count",
+        "example.com/gpu.count",
+        "node-role.kubernetes.io/worker",
+        "kubernetes.io/hostname",
+    }
+    # under migStrategy single the plugin writes gpu.slices.gi/ci, which owned() leaves out
+    assert {key for key in written if not owned(key)} <= {
+        "nvidia.com/gpu.slices.gi",
+        "nvidia.com/gpu.slices.ci",
+    }
+    for key in written | others | {"nvidia.com/mig-7g.80gb.count", "nvidia.com/gpu.replicas"}:
+        assert (re.search(pattern, key) is not None) == (owned(key) or key in written), key
+    assert not any(owned(key) for key in others)
+
+
+@needs_helm
+def test_the_dra_drivers_slice_policy_is_the_kustomize_one_for_its_release() -> None:
+    docs = render("--set", "dra.enabled=true", "--set", "devicePlugin.enabled=false")
+    found = policies(docs)
+    assert set(found) == {"rel-deviceplugin-dra-resourceslices"}
+    (policy,) = found.values()
+    assert matched_user(policy) == "system:serviceaccount:gpu:rel-deviceplugin-dra"
+    shipped = next(
+        d
+        for d in yaml.safe_load_all(
+            (ROOT / "manifests" / "dra" / "node-restriction.yaml").read_text()
+        )
+        if d["kind"] == "ValidatingAdmissionPolicy"
+    )
+    spec = yaml.safe_dump(shipped["spec"]).replace(
+        "system:serviceaccount:kube-system:deviceplugin-dra",
+        "system:serviceaccount:gpu:rel-deviceplugin-dra",
+    )
+    assert yaml.safe_load(spec) == policy["spec"]
+    # the driver's RBAC: the kustomize ClusterRole's rules, and nothing more
+    (role,) = of_kind(docs, "ClusterRole")
+    rbac = yaml.safe_load_all((ROOT / "manifests" / "dra" / "rbac.yaml").read_text())
+    (shipped_role,) = [d for d in rbac if d["kind"] == "ClusterRole"]
+    assert role["rules"] == shipped_role["rules"]
+
+
+@needs_helm
+def test_the_slice_policy_allows_the_configured_driver_name() -> None:
+    docs = render("--set", "dra.enabled=true", "--set", "dra.driverName=gpu.example.com")
+    found = policies(docs)
+    assert set(found) == {
+        "rel-deviceplugin-nodes",
+        "rel-deviceplugin-nodefeatures",
+        "rel-deviceplugin-dra-resourceslices",
+    }
+    rules = [
+        v["expression"] for v in found["rel-deviceplugin-dra-resourceslices"]["spec"]["validations"]
+    ]
+    assert "variables.slices.all(s, s.spec.driver == 'gpu.example.com')" in rules
+
+
+def test_the_chart_serves_only_clusters_with_validating_admission_policy_v1() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">=1.30.0-0"

@@ -3,6 +3,7 @@ objects as JSON, and waits on conditions (never on fixed times)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -41,6 +42,26 @@ def kubectl(*args: str, stdin: str | None = None, check: bool = True, timeout: f
     if check and done.returncode != 0:
         raise KubectlError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
     return done.stdout if done.returncode == 0 else done.stdout + done.stderr
+
+
+@functools.cache
+def helm_binary() -> Path:
+    """Helm as e2e/helm/build.sh builds it (once; cached outside the clone)."""
+    done = subprocess.run(
+        [str(REPO / "e2e" / "helm" / "build.sh")], stdout=subprocess.PIPE, text=True, check=True
+    )
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def helm(*args: str, namespace: str = "kube-system") -> str:
+    done = subprocess.run(
+        [str(helm_binary()), f"--kubeconfig={KUBECONFIG}", "--namespace", namespace, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
+    return done.stdout
 
 
 def get(*args: str) -> Obj:

@@ -10,9 +10,7 @@ Helm is the one e2e/helm/build.sh builds (cached). Scenarios run in file order.
 
 from __future__ import annotations
 
-import functools
 import json
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,6 @@ import pytest
 import yaml
 
 from e2e.cluster.kube import (
-    KUBECONFIG,
     NODE_NAME,
     REPO,
     Obj,
@@ -29,6 +26,7 @@ from e2e.cluster.kube import (
     daemon_ready,
     extended,
     get,
+    helm,
     kubectl,
     wait_until,
 )
@@ -44,26 +42,6 @@ PLUGIN_LABEL = f"app.kubernetes.io/name=deviceplugin,app.kubernetes.io/instance=
 CONFIGMAP_SYNC = 180
 # A label change is a watch event away: seconds.
 LABEL_SWITCH = 30
-
-
-@functools.cache
-def helm_binary() -> Path:
-    """Helm as e2e/helm/build.sh builds it (once; cached outside the clone)."""
-    done = subprocess.run(
-        [str(REPO / "e2e" / "helm" / "build.sh")], stdout=subprocess.PIPE, text=True, check=True
-    )
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
-def helm(*args: str) -> str:
-    done = subprocess.run(
-        [str(helm_binary()), f"--kubeconfig={KUBECONFIG}", "--namespace", NAMESPACE, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 def label_node(value: str | None) -> None:
@@ -98,7 +76,11 @@ def chart_objects() -> list[str]:
     kinds = "daemonsets,configmaps,serviceaccounts,roles,rolebindings,services,pods"
     selector = f"app.kubernetes.io/instance={RELEASE}"
     found = kubectl("get", kinds, "-A", "-l", selector, "-o", "name")
-    cluster = kubectl("get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name")
+    cluster_kinds = (
+        "clusterroles,clusterrolebindings,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings"
+    )
+    cluster = kubectl("get", cluster_kinds, "-l", selector, "-o", "name")
     return [line for line in (found + cluster).splitlines() if line.strip()]
 
 

@@ -76,3 +76,16 @@ ConfigMap (its configs are not known here); migMonitoring forces it. */}}
 {{- end -}}
 {{- if $on -}}true{{- end -}}
 {{- end -}}
+
+{{/* The label keys the device plugin writes: deviceplugin/model/gpulabels.py `owned()`, and
+gpu.slices.gi/ci, which it writes under migStrategy single (an RE2 expression for CEL's
+matches(), anchored: `[.]` is a dot, no backslash to escape). nvidia.com/device-plugin.config is
+not one of them: the operator sets that one. */}}
+{{- define "deviceplugin.ownedLabelKeys" -}}
+^nvidia[.]com/(gpu[.](present|product|count|memory|family|compute[.]major|compute[.]minor|replicas|sharing-strategy|slices[.]gi|slices[.]ci)|mig[.](strategy|capable)|mig-[^/]+[.](product|count|replicas|sharing-strategy|memory|slices[.]gi|slices[.]ci)|cuda[.]driver-version[.](major|minor|revision|full))$
+{{- end -}}
+
+{{/* The user name of a service account's tokens: the argument is the account's name. */}}
+{{- define "deviceplugin.tokenUser" -}}
+system:serviceaccount:{{ .root.Release.Namespace }}:{{ .name }}
+{{- end -}}
