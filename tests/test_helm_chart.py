@@ -392,11 +392,7 @@ def test_the_policies_allow_exactly_the_label_keys_the_plugin_owns() -> None:
         "node-role.kubernetes.io/worker",
         "kubernetes.io/hostname",
     }
-    # under migStrategy single the plugin writes gpu.slices.gi/ci, which owned() leaves out
-    assert {key for key in written if not owned(key)} <= {
-        "nvidia.com/gpu.slices.gi",
-        "nvidia.com/gpu.slices.ci",
-    }
+    assert {key for key in written if not owned(key)} == set()  # every key it writes it owns
     for key in written | others | {"nvidia.com/mig-7g.80gb.count", "nvidia.com/gpu.replicas"}:
         assert (re.search(pattern, key) is not None) == (owned(key) or key in written), key
     assert not any(owned(key) for key in others)

@@ -26,7 +26,7 @@ from deviceplugin.model.resources import GPU_RESOURCE, mig_resource_name
 PREFIX = "nvidia.com/"
 _OWNED = re.compile(
     r"nvidia\.com/(gpu\.(present|product|count|memory|family|compute\.major|compute\.minor"
-    r"|replicas|sharing-strategy)"
+    r"|replicas|sharing-strategy|slices\.gi|slices\.ci)"
     r"|mig\.(strategy|capable)"
     r"|mig-[^/]+\.(product|count|replicas|sharing-strategy|memory|slices\.gi|slices\.ci)"
     r"|cuda\.driver-version\.(major|minor|revision|full))"

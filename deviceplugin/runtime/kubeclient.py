@@ -86,9 +86,11 @@ class KubeError(DevicePluginError):
     @property
     def refused(self) -> bool:
         """The server refused the request itself (403: RBAC, or an admission policy such as
-        the chart's own-node ValidatingAdmissionPolicies): asking again changes nothing until
-        an operator does."""
-        return self.status == 403
+        the chart's own-node ValidatingAdmissionPolicies; 422 from a policy it could not
+        evaluate): asking again changes nothing until an operator does."""
+        return self.status == 403 or (
+            self.status == 422 and "ValidatingAdmissionPolicy" in str(self)
+        )
 
 
 class ConflictError(KubeError):
