@@ -6,7 +6,7 @@ ConfigMap volume laid out as the kubelet lays it out (`..data` swapped on update
 The node's `nvidia.com/device-plugin.config` label chooses the config; a switch happens in
 process within seconds; an unknown name keeps the last good config and says so in /status, in
 the metric and in an Event on the Node; a lost API server is retried while the kubelet is
-served."""
+served; a config entry leading outside the directory is refused unread."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -31,7 +32,9 @@ import deviceplugin.runtime.nodeagent
 from deviceplugin.cli import parse_options
 from deviceplugin.model.configselect import CONFIG_LABEL, Selection, config_names, select_config
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.node.configread import read_text
 from deviceplugin.ops.http import HttpServer
+from deviceplugin.ops.logs import JsonFormatter
 from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.plugin.service import run_supervisor
 from deviceplugin.plugin.supervisor import Supervisor
@@ -44,6 +47,10 @@ SHARED = CONFIG.format(replicas=2)  # nvidia.com/gpu: 4 whole GPUs x 2 replicas
 TRIPLE = CONFIG.format(replicas=3)
 DEDICATED = "version: v1\nflags:\n  migStrategy: mixed\n"
 CONFIGS = {"shared": SHARED, "dedicated": DEDICATED}
+# a file outside the ConfigMap that a hostile entry links to; YAML reads it as one string, which
+# a parser message would quote
+SECRET = "hunter2-0f1e2d3c"
+SHADOW = f"root:$6${SECRET}:19000:0:99999:7:::\n"
 P = ParamSpec("P")
 
 
@@ -116,9 +123,10 @@ async def running_node(
     named: bool = True,
     simulate: str = "a100-80gb-x8-mixed",
     metrics: Metrics | None = None,
+    outside: bool = False,
 ) -> AsyncIterator[Node]:
     """`serve --config-dir` (`named` False: no config) on the a100 preset, its Node in the
-    API-server stand-in."""
+    API-server stand-in; `outside`: the config `evil` links to SHADOW, outside the directory."""
     root = Path(tempfile.mkdtemp(prefix="dp"))
     api = api or ApiServer(nfd=nfd)
     await api.start()
@@ -126,6 +134,9 @@ async def running_node(
     kubelet = KubeletEmulator(root / "device-plugins")
     await kubelet.start()
     write_configmap(root / "config", configs)
+    if outside:
+        (root / "shadow").write_text(SHADOW)
+        os.symlink("../shadow", root / "config" / "evil")
     settings = ServeOptions(
         kubelet_dir=root / "device-plugins",
         cdi_spec_dir=root / "cdi",
@@ -379,3 +390,125 @@ async def test_a_wrong_label_at_start_starts_the_default_and_reports_it() -> Non
         node.label("shared")
         await until(lambda: node.gpus() == 8)
         assert node.label_valid() == 1
+
+
+# --- an entry that leads outside the directory --------------------------------------------------
+
+
+def test_only_entries_resolving_inside_the_directory_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "shadow").write_text(SHADOW)
+    (tmp_path / "config2").mkdir()  # a sibling whose name starts like the directory's
+    (tmp_path / "config2" / "file").write_text(SHADOW)
+    configmap = tmp_path / "config"
+    write_configmap(configmap, {"shared": SHARED})
+    os.symlink(tmp_path / "shadow", configmap / "absolute")
+    os.symlink("../shadow", configmap / "dotdot")
+    os.symlink("../config2/file", configmap / "sibling")
+    mounted = tmp_path / "mounted"  # --config-dir may itself be a link
+    os.symlink(configmap, mounted)
+    opened: list[str] = []
+    real_open = os.open
+
+    def spied_open(path: str, flags: int, mode: int = 0o777) -> int:
+        opened.append(path)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", spied_open)
+    assert read_text(str(mounted / "shared"), within=str(mounted)) == SHARED
+    for name in ("absolute", "dotdot", "sibling"):
+        with pytest.raises(ConfigError) as caught:
+            read_text(str(mounted / name), within=str(mounted))
+        assert str(caught.value) == (
+            f"config {name!r} resolves outside --config-dir {mounted}: refused"
+        )
+    assert opened == [str(mounted / "shared")]  # not even opened: opening a device can act
+    # serve --config-file names its file itself: wherever it leads is the operator's choice
+    assert read_text(str(configmap / "absolute")) == SHADOW
+
+
+def test_an_entry_swapped_outside_after_the_check_is_refused_once_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry is checked before it is opened and the open file after: a link replaced in
+    between leaves nothing read."""
+    (tmp_path / "shadow").write_text(SHADOW)
+    configmap = tmp_path / "config"
+    write_configmap(configmap, {"shared": SHARED})
+    entry = str(configmap / "shared")
+    os.symlink("../shadow", configmap / "..swap")
+    real_open = os.open
+
+    def swap_then_open(path: str, flags: int, mode: int = 0o777) -> int:
+        if path == entry:
+            os.replace(configmap / "..swap", entry)
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", swap_then_open)
+    with pytest.raises(ConfigError, match="'shared' resolves outside --config-dir"):
+        read_text(entry, within=str(configmap))
+
+
+def shown(records: list[logging.LogRecord]) -> str:
+    """Every log line as the JSON format writes it."""
+    return "\n".join(JsonFormatter().format(record) for record in records)
+
+
+@in_loop
+async def test_a_label_naming_an_entry_linked_outside_is_refused_unread(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="deviceplugin")
+    async with running_node({CONFIG_LABEL: "shared"}, outside=True) as node:
+        await until(lambda: node.gpus() == 8)
+        node.label("evil")
+        await until(lambda: bool(node.api.events))
+        await asyncio.sleep(0.3)
+        assert node.gpus() == 8  # the config in force stays
+        status = await node.status()
+        refused = f"config 'evil' resolves outside --config-dir {node.configmap}: refused"
+        assert status["config"]["selection"]["error"] == refused
+        assert status["config"]["selection"]["name"] == "shared"
+        assert node.label_valid() == 0
+        [line] = [r for r in caplog.records if r.getMessage() == "config.selection.rejected"]
+        assert line.dp_fields["error"] == refused  # type: ignore[attr-defined]
+        assert refused in node.api.events[0]["message"]
+        assert SECRET not in json.dumps(status) + json.dumps(node.api.events)
+    assert SECRET not in shown(caplog.records)
+
+
+@in_loop
+async def test_the_chosen_entry_relinked_outside_is_refused_on_reading(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The entry in force replaced by a link outside (by whoever can write the directory): the
+    reload it causes, and SIGHUP, read nothing of the target."""
+    caplog.set_level(logging.INFO, logger="deviceplugin")
+    async with running_node({CONFIG_LABEL: "shared"}, outside=True) as node:
+        await until(lambda: node.gpus() == 8)
+        os.symlink("../shadow", node.configmap / "..relink")
+        os.replace(node.configmap / "..relink", node.configmap / "shared")
+        await until(lambda: node.supervisor.status().core.last_config_error is not None)
+        assert await node.supervisor.reload("SIGHUP", force=True) is False
+        assert node.gpus() == 8  # the config in force stays
+        config = (await node.status())["config"]
+        refused = f"config 'shared' resolves outside --config-dir {node.configmap}: refused"
+        assert refused in config["last_error"]
+        assert config["selection"]["error"] == refused
+        rejected = [r for r in caplog.records if r.getMessage() == "config.rejected"]
+        assert rejected and all(
+            refused in r.dp_fields["error"]  # type: ignore[attr-defined]
+            for r in rejected
+        )
+        assert SECRET not in json.dumps(config) + json.dumps(node.api.events)
+    assert SECRET not in shown(caplog.records)
+
+
+@in_loop
+async def test_a_label_naming_an_entry_linked_outside_at_start_starts_the_default() -> None:
+    async with running_node({CONFIG_LABEL: "evil"}, outside=True) as node:
+        await until(lambda: node.gpus() == 4)  # dedicated, the default
+        selection = (await node.status())["config"]["selection"]
+        assert (selection["name"], selection["label"]) == ("dedicated", "evil")
+        assert "'evil' resolves outside --config-dir" in selection["error"]

@@ -9,7 +9,9 @@ did-you-mean); a key it defines that this plugin does not act on is set aside fo
 The file is untrusted input that a reload reads while the plugin serves (`node.configread` reads
 at most `MAX_CONFIG_BYTES` of it): `read_document` refuses documents with no content, nesting
 too deep or aliases that expand beyond what the file could hold, and every message that repeats
-input shows at most `QUOTE_LIMIT` characters of it (`quote`, `describe`).
+input shows at most `QUOTE_LIMIT` characters of it (`quote`, `describe`). Messages do quote the
+document, as pointing at the offending value is what makes them useful: it is only ever a
+config (`node.configread` refuses a `--config-dir` entry leading outside the directory unread).
 """
 
 from __future__ import annotations

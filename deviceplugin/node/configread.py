@@ -3,6 +3,11 @@
 The file is untrusted input that a reload reads while the plugin serves: `read_text` reads only a
 regular file of at most `MAX_CONFIG_BYTES` (a FIFO would block the reader, `/dev/zero` never
 ends); a file that cannot be read is a ConfigError naming it and why.
+
+A config of `--config-dir` is read only where it resolves inside that directory (`within`): a
+ConfigMap volume's entries are links into its own `..data`, and an entry leading elsewhere (a
+link to /etc/shadow) would otherwise have its content quoted by the parser's messages in the
+log and `/status`. Such an entry is refused unopened, naming the problem and nothing it holds.
 """
 
 from __future__ import annotations
@@ -24,18 +29,24 @@ _NOT_REGULAR = (
 )
 
 
-def read_text(path: str, only_regular: bool = True) -> str:
+def read_text(path: str, only_regular: bool = True, within: str | None = None) -> str:
     """A config file's text; a file that cannot be read is an error naming it and why.
 
     Only a regular file (after following symlinks) of at most MAX_CONFIG_BYTES is read. It is
     opened without blocking and checked on the open descriptor, so a FIFO or device swapped in
     at any moment is refused instead of read. `only_regular` False lets a one-shot command read
-    a pipe or terminal too (`validate-config /dev/stdin`), as much as a file may hold."""
+    a pipe or terminal too (`validate-config /dev/stdin`), as much as a file may hold. With
+    `within` (a `--config-dir`), the file must resolve inside that directory: checked before it
+    is opened, and again on the open descriptor, so an entry swapped in between is refused too."""
+    if within is not None:
+        check_inside(path, within)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise ConfigError(path, f"cannot read config file: {exc.strerror}") from None
     try:
+        if within is not None:  # Linux's /proc names the file opened, not where the entry leads now
+            check_inside(f"/proc/self/fd/{fd}", within, os.path.basename(path))
         size = _regular_size(fd, path) if only_regular else 0
         if size > MAX_CONFIG_BYTES:
             raise ConfigError(path, _too_big(size))
@@ -51,6 +62,17 @@ def read_text(path: str, only_regular: bool = True) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(path, "cannot read config file: not UTF-8 text") from None
+
+
+def check_inside(path: str, directory: str, name: str | None = None) -> None:
+    """Raise ConfigError unless `path`, symlinks followed, lies inside `directory` (itself
+    resolved: `--config-dir` may be a link). The message names the config (`name`, else the
+    last part of `path`) and the directory, never the target, let alone its content."""
+    root = os.path.realpath(directory)
+    if os.path.commonpath([root, os.path.realpath(path)]) != root:
+        config = name or os.path.basename(path)
+        outside = f"resolves outside --config-dir {directory}: refused"
+        raise ConfigError("", f"config {config!r} {outside}")
 
 
 def _regular_size(fd: int, path: str) -> int:

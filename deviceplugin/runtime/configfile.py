@@ -54,6 +54,7 @@ class ConfigFile:
 
     def __init__(self, path: str | None, metrics: SharedMetrics) -> None:
         self.path = path
+        self.within: str | None = None  # with --config-dir: the file must resolve inside it
         self.last_error: str | None = None  # why the file's latest content was refused
         self.last_error_field: str | None = None  # the field it names, "" for none
         self._metrics = metrics
@@ -71,10 +72,10 @@ class ConfigFile:
 
     async def read(self) -> str | None:
         """The file's content; None without a config file. Raises ConfigError naming the file."""
-        path = self.path
+        path, within = self.path, self.within
         if not path:
             return None
-        return await self.step(lambda: read_text(path), "reading")
+        return await self.step(lambda: read_text(path, within=within), "reading")
 
     async def changed(self, trigger: str, force: bool = False) -> Content | None:
         """The content when a reload must judge it; None when there is nothing to judge (the

@@ -33,6 +33,7 @@ from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.gpulabels import gpu_labels
 from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.log import log_event
+from deviceplugin.node.configread import check_inside
 from deviceplugin.ops.metrics import SharedMetrics
 from deviceplugin.runtime.background import spawn
 from deviceplugin.runtime.kubeclient import EVENTS, KubeClient, KubeError, connect
@@ -130,7 +131,8 @@ class NodeAgent:
             # a wrong label at start: the default serves, and the label is reported as wrong
             self._adopt(await self._choose(None))
             await self._refuse(exc, self._label)
-        # before the daemon starts, nothing else reads it: the file it starts with
+        # before the daemon starts, nothing else reads it: the file it starts with, confined
+        self._supervisor.engine.config_file.within = str(self._dir)
         self._supervisor.engine.config_file.path = str(self.config_path())
 
     def serving(self) -> None:
@@ -193,7 +195,10 @@ class NodeAgent:
             entries = await asyncio.to_thread(lambda: [p.name for p in directory.iterdir()])
         except OSError as exc:
             raise ConfigError("--config-dir", f"cannot list {directory}: {exc.strerror}") from None
-        return select_config(config_names(entries), label, self._default)
+        selection = select_config(config_names(entries), label, self._default)
+        # refused like a name that does not exist: the config in force (or the default) stays
+        await asyncio.to_thread(check_inside, str(directory / selection.name), str(directory))
+        return selection
 
     def _adopt(self, selection: Selection) -> None:
         self._selection = selection
