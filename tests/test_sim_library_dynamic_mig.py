@@ -301,8 +301,10 @@ def test_capability_files_follow_the_instances(a100: Path) -> None:
     assert not list(caps.glob("gi*/access"))
     gi = n.nvmlDeviceCreateGpuInstance(gpu, THREE_G)
     gi_id = n.nvmlGpuInstanceGetInfo(gi).id
-    assert (caps / f"gi{gi_id}" / "access").read_text().startswith(
-        f"DeviceFileMinor: {3 + 9 * gi_id}\n"
+    assert (
+        (caps / f"gi{gi_id}" / "access")
+        .read_text()
+        .startswith(f"DeviceFileMinor: {3 + 9 * gi_id}\n")
     )
     ci = n.nvmlGpuInstanceCreateComputeInstance(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
     ci_id = n.nvmlComputeInstanceGetInfo(ci).id
@@ -338,8 +340,8 @@ def in_another_process(root: Path, *lines: str) -> str:
     """`lines` run by a fresh Python on `root`'s library, with `gpu` GPU 0; their output."""
     script = "\n".join(
         (
-            "import ctypes, pynvml as n",
-            f"ctypes.CDLL({str(root / LIBRARY_DIR / 'libnvidia-ml.so.1')!r}, mode=ctypes.RTLD_GLOBAL)",
+            "import ctypes, os, pynvml as n",
+            f"ctypes.CDLL({str(root / LIBRARY_DIR / 'libnvidia-ml.so.1')!r}, mode=os.RTLD_GLOBAL)",
             "n.nvmlInit()",
             "gpu = n.nvmlDeviceGetHandleByIndex(0)",
             *lines,

@@ -14,8 +14,9 @@ and writes the result beside the library. The format, read by `native/node.c`:
                "supportedEvents": 31, "notSupported": ["nvmlDeviceGetRemappedRows"],
                "topology": [levels to the GPU of each index],
                "nvlinks": [{"remotePciBusId": "...", "toSwitch": false}],
-               "giProfiles": [{"enum": 0, "id": 19, "name": "1g.10gb", "slices": 1, "instances": 7, "sms": 14,
-                               "copyEngines": 1, "decoders": 0, "jpegs": 0, "ofas": 0,
+               "giProfiles": [{"enum": 0, "id": 19, "name": "1g.10gb", "slices": 1,
+                               "instances": 7, "sms": 14, "copyEngines": 1, "decoders": 0,
+                               "jpegs": 0, "ofas": 0,
                                "memoryMiB": 9728, "placements": [[0, 1], [1, 1], ...]}],
                "migDevices": [{"uuid": "MIG-...", "name": "... MIG 1g.10gb",
                                "gpuInstanceId": 7, "computeInstanceId": 0, "giEnum": 0,
@@ -31,7 +32,13 @@ from typing import Any
 
 from deviceplugin.sim.fake_nvml import common_ancestor, gpu_instance_profiles, switch_bus_id
 from deviceplugin.sim.node import Node, SimGpu
-from deviceplugin.sim.profiles import KNOWN_MODELS, GiProfile, gpu_slices, instance_count, placements
+from deviceplugin.sim.profiles import (
+    KNOWN_MODELS,
+    GiProfile,
+    gpu_slices,
+    instance_count,
+    placements,
+)
 
 FORMAT = 1
 _NVIDIA_VENDOR = 0x10DE
