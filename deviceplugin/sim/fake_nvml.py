@@ -25,8 +25,8 @@ from deviceplugin.sim.profiles import (
     CI_ENUM,
     GiProfile,
     gpu_slices,
+    instance_count,
     model_profiles,
-    placements,
 )
 from deviceplugin.sim.world import SimEventSet, World
 
@@ -279,7 +279,7 @@ class FakeNvml:
             return s.GpuInstanceProfileInfo(
                 id=gi.id,
                 sliceCount=gi.slices,
-                instanceCount=len(placements(gi.slices, gpu_slices(profiles))),
+                instanceCount=instance_count(gi, gpu_slices(profiles)),
                 multiprocessorCount=gi.multiprocessors,
                 decoderCount=gi.decoders,
                 jpegCount=gi.jpegs,

@@ -48,6 +48,9 @@ FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 # Where the simulated library looks, relative to DIR (native/node.c says the same).
 LIBRARY_NODE_FILE = f"{LIBRARY_DIR}/deviceplugin-sim-node.json"
 EVENTS_FILE = "etc/deviceplugin-sim/events.jsonl"
+# The MIG layout the library's processes share once one of them changes it (native/state.c).
+MIG_STATE_FILE = "etc/deviceplugin-sim/mig-state.json"
+CAPABILITIES_DIR = "proc/driver/nvidia/capabilities"
 # Each GPU's PCI function as the kernel shows it; NUMA affinity is read from here.
 SYSFS_PCI_DEVICES = "sys/bus/pci/devices"
 
@@ -184,10 +187,14 @@ def install_library(node: Node, root: Path, library: Path) -> None:
     _link(target.parent / "libnvidia-ml.so.1", target.name)
     _link(target.parent / "libnvidia-ml.so", "libnvidia-ml.so.1")
     _write(root / LIBRARY_NODE_FILE, render(node).encode())
+    # The node's own MIG layout again: instances created or destroyed since are forgotten.
+    with contextlib.suppress(FileNotFoundError):
+        (root / MIG_STATE_FILE).unlink()
+    shutil.rmtree(root / CAPABILITIES_DIR, ignore_errors=True)
     # What NVIDIA's consumers read beside NVML (ours too, from a driver root): only a root laid
     # out for them needs it, not the temporary tree `serve --simulate` starts with.
     for key, minor in capability_files(node).items():
-        _write(root / "proc/driver/nvidia/capabilities" / key, capability_text(minor).encode())
+        _write(root / CAPABILITIES_DIR / key, capability_text(minor).encode())
     for gpu in node.gpus:
         numa = -1 if gpu.numa_node is None else gpu.numa_node  # the kernel's "no affinity"
         _write(

@@ -37,6 +37,7 @@ SOURCES = (
     "system.c",
     "device.c",
     "mig.c",
+    "state.c",
 )
 CFLAGS = ("-std=c11", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
 FUZZ_FLAGS = ("-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all")

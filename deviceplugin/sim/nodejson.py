@@ -14,8 +14,9 @@ and writes the result beside the library. The format, read by `native/node.c`:
                "supportedEvents": 31, "notSupported": ["nvmlDeviceGetRemappedRows"],
                "topology": [levels to the GPU of each index],
                "nvlinks": [{"remotePciBusId": "...", "toSwitch": false}],
-               "giProfiles": [{"enum": 0, "id": 19, "slices": 1, "instances": 7, "sms": 14,
-                               "copyEngines": 1, "decoders": 0, "jpegs": 0, "ofas": 0,
+               "giProfiles": [{"enum": 0, "id": 19, "name": "1g.10gb", "slices": 1,
+                               "instances": 7, "sms": 14, "copyEngines": 1, "decoders": 0,
+                               "jpegs": 0, "ofas": 0,
                                "memoryMiB": 9728, "placements": [[0, 1], [1, 1], ...]}],
                "migDevices": [{"uuid": "MIG-...", "name": "... MIG 1g.10gb",
                                "gpuInstanceId": 7, "computeInstanceId": 0, "giEnum": 0,
@@ -31,7 +32,13 @@ from typing import Any
 
 from deviceplugin.sim.fake_nvml import common_ancestor, gpu_instance_profiles, switch_bus_id
 from deviceplugin.sim.node import Node, SimGpu
-from deviceplugin.sim.profiles import GiProfile, gpu_slices, placements
+from deviceplugin.sim.profiles import (
+    KNOWN_MODELS,
+    GiProfile,
+    gpu_slices,
+    instance_count,
+    placements,
+)
 
 FORMAT = 1
 _NVIDIA_VENDOR = 0x10DE
@@ -79,6 +86,9 @@ def render(node: Node) -> str:
 def _gpu(gpu: SimGpu, node: Node) -> dict[str, Any]:
     profiles = gpu_instance_profiles(gpu)
     total = gpu_slices(profiles)
+    # Profile names, for the MIG devices the library creates: the model's, else the node's.
+    names = {mig.shape.gpu_instance.enum: mig.profile.split("c.", 1)[-1] for mig in gpu.mig_devices}
+    names.update({gi.enum: name for name, gi in KNOWN_MODELS.get(gpu.name, {}).items()})
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
@@ -98,18 +108,23 @@ def _gpu(gpu: SimGpu, node: Node) -> dict[str, Any]:
         "notSupported": sorted(gpu.not_supported),
         "topology": [common_ancestor(gpu, other) for other in node.gpus],
         "nvlinks": _nvlinks(gpu, node),
-        "giProfiles": [_profile(gi, total) for gi in profiles.values()] if gpu.mig_capable else [],
+        "giProfiles": (
+            [_profile(gi, total, names.get(gi.enum, "")) for gi in profiles.values()]
+            if gpu.mig_capable
+            else []
+        ),
         "migDevices": _mig_devices(gpu),
     }
 
 
-def _profile(gi: GiProfile, total: int) -> dict[str, Any]:
-    places = placements(gi.slices, total)
+def _profile(gi: GiProfile, total: int, name: str) -> dict[str, Any]:
+    places = placements(gi, total)
     return {
         "enum": gi.enum,
         "id": gi.id,
+        "name": name,
         "slices": gi.slices,
-        "instances": len(places),
+        "instances": instance_count(gi, total),
         "sms": gi.multiprocessors,
         "copyEngines": gi.slices,
         "decoders": gi.decoders,

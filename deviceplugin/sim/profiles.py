@@ -259,12 +259,26 @@ def model_profiles(gpu_name: str) -> dict[int, GiProfile]:
     return {gi.enum: gi for gi in KNOWN_MODELS.get(gpu_name, {}).values()}
 
 
-def placements(slices: int, gpu_slices: int) -> list[tuple[int, int]]:
-    """Where a GPU instance of `slices` slices may start on a GPU of `gpu_slices` slices, and
-    how many memory slices it spans (3 of 7 span 4), as `nvidia-smi mig -lgipp` lists them."""
-    if slices == 3 and gpu_slices == 7:
-        return [(0, 4), (4, 4)]
-    return [(start, slices) for start in range(0, gpu_slices - slices + 1, slices)]
+# GPU-instance profiles that span two memory slices with one compute slice (1g.20gb on A100).
+_TWO_MEMORY_SLICES = {0x9}
+# Media-extension profiles: a GPU has one set of those engines, so one such instance at a time.
+_MEDIA_EXTENSIONS = {0x7, 0x8, 0xF, 0x10}
+
+
+def placements(gi: GiProfile, gpu_slices: int) -> list[tuple[int, int]]:
+    """Where a GPU instance of profile `gi` may start on a GPU of `gpu_slices` compute slices,
+    and how many memory slices it spans, as `nvidia-smi mig -lgipp` lists them: a 7-slice GPU
+    has 8 memory slices, so 3g spans 4 and 7g all 8; 1g with two memory slices spans 2."""
+    if gpu_slices == 7 and gi.slices in (3, 7):
+        return [(0, 4), (4, 4)] if gi.slices == 3 else [(0, 8)]
+    if gi.enum in _TWO_MEMORY_SLICES and gpu_slices % 2 == 1:
+        return [(start, 2) for start in range(0, gpu_slices + 1, 2)]
+    return [(start, gi.slices) for start in range(0, gpu_slices - gi.slices + 1, gi.slices)]
+
+
+def instance_count(gi: GiProfile, gpu_slices: int) -> int:
+    """How many GPU instances of `gi` a GPU holds at most (NVML's instanceCount)."""
+    return 1 if gi.enum in _MEDIA_EXTENSIONS else len(placements(gi, gpu_slices))
 
 
 def gpu_slices(profiles: dict[int, GiProfile]) -> int:
@@ -283,7 +297,7 @@ def place_instances(instances: list[GiProfile], total_slices: int) -> list[tuple
     def fit(taken: int) -> bool:
         if len(chosen) == len(instances):
             return True
-        for start, size in placements(instances[len(chosen)].slices, total_slices):
+        for start, size in placements(instances[len(chosen)], total_slices):
             mask = ((1 << size) - 1) << start
             if not taken & mask:
                 chosen.append((start, size))

@@ -1,4 +1,4 @@
-/* What the parts of a node rendering must agree on before any handle reaches them: UUIDs,
+/* What the parts of a node rendering (or a MIG state laid over it) must agree on before any handle reaches them: UUIDs,
  * minors and PCI addresses unique; and MIG devices laid out as a GPU can hold them, since the
  * listing calls write one handle per instance into buffers their callers size from the
  * profiles (go-nvml allocates instanceCount handles). A GPU instance has one profile and one
@@ -37,7 +37,7 @@ static int check_migs(const sim_gpu *gpu, unsigned g, char *error, size_t size) 
         const sim_gi_profile *gi = &gpu->gi_profiles[m->gi_enum];
         if (gi->id != m->gi_profile_id || gi->slices != m->gi_slices || !is_placement_of(gi, m->placement))
             return fail(error, size, "gpus[%u].migDevices[%u]: does not match its GPU-instance profile", g, i);
-        if (!compute_slices_known(m->ci_slices))
+        if (sim_is_device(m) && !compute_slices_known(m->ci_slices))
             return fail(error, size, "gpus[%u].migDevices[%u].ciSlices: no compute-instance profile has it", g, i);
         const sim_mig *first = NULL;
         for (unsigned j = 0; j < i; j++) {
@@ -45,6 +45,8 @@ static int check_migs(const sim_gpu *gpu, unsigned g, char *error, size_t size) 
             if (o->gi_id == m->gi_id && o->ci_id == m->ci_id)
                 return fail(error, size, "gpus[%u].migDevices[%u]: GPU/compute instance ids repeat", g, i);
             if (o->gi_id == m->gi_id && !first) first = o;
+            if (o->gi_id == m->gi_id && !(sim_is_device(o) && sim_is_device(m)))
+                return fail(error, size, "gpus[%u].migDevices[%u]: a GPU instance without compute instances has more", g, i);
             if (o->gi_id != m->gi_id && m->placement.start < o->placement.start + o->placement.size &&
                 o->placement.start < m->placement.start + m->placement.size)
                 return fail(error, size, "gpus[%u].migDevices[%u].placement: overlaps another GPU instance", g, i);
@@ -66,7 +68,7 @@ int sim_node_check(const sim_node *node, char *error, size_t size) {
         if (strncmp(gpu->uuid, "GPU-", 4) != 0 || !gpu->uuid[4])
             return fail(error, size, "gpus[%u].uuid: must start with GPU- and go on%.0u", g, 0);
         for (unsigned i = 0; i < gpu->mig_count; i++)
-            if (strncmp(gpu->migs[i].uuid, "MIG-", 4) != 0 || !gpu->migs[i].uuid[4])
+            if (sim_is_device(&gpu->migs[i]) && (strncmp(gpu->migs[i].uuid, "MIG-", 4) != 0 || !gpu->migs[i].uuid[4]))
                 return fail(error, size, "gpus[%u].migDevices[%u].uuid: must start with MIG- and go on", g, i);
         for (unsigned o = 0; o < g; o++) {
             const sim_gpu *other = &node->gpus[o];
@@ -77,6 +79,7 @@ int sim_node_check(const sim_node *node, char *error, size_t size) {
         /* Every UUID against every one before it (at most 64 x 65 of them). */
         for (unsigned i = 0; i <= gpu->mig_count; i++) {
             const char *uuid = i ? gpu->migs[i - 1].uuid : gpu->uuid;
+            if (!*uuid) continue; /* a GPU instance without compute instances */
             for (unsigned o = 0; o <= g; o++) {
                 const sim_gpu *other = &node->gpus[o];
                 unsigned last = o == g ? i : other->mig_count + 1;

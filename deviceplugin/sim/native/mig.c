@@ -3,6 +3,7 @@
  * instance profile ids equal their NVML enum. */
 #include "sim.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define MAX_MIG_DEVICES 7
@@ -34,15 +35,30 @@ static nvmlReturn_t mig_gpu(nvmlDevice_t device, const char *call, int enabled, 
     return NVML_SUCCESS;
 }
 
+static unsigned mig_devices(const sim_gpu *gpu) {
+    unsigned count = 0;
+    for (unsigned i = 0; i < gpu->mig_count; i++) count += sim_is_device(&gpu->migs[i]);
+    return count;
+}
+
 static unsigned max_mig_devices(const sim_gpu *gpu) {
-    return gpu->mig_count > MAX_MIG_DEVICES ? gpu->mig_count : MAX_MIG_DEVICES;
+    unsigned count = mig_devices(gpu);
+    return count > MAX_MIG_DEVICES ? count : MAX_MIG_DEVICES;
+}
+
+/* The `index`th MIG device (GPU instances without compute instances are none). */
+static sim_mig *mig_by_index(sim_gpu *gpu, unsigned index) {
+    for (unsigned i = 0; i < gpu->mig_count; i++)
+        if (sim_is_device(&gpu->migs[i]) && index-- == 0) return &gpu->migs[i];
+    return NULL;
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetMigMode(nvmlDevice_t device, unsigned int *current, unsigned int *pending) {
     sim_gpu *gpu;
     if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
     LOCKED(if ((result = mig_gpu(device, "nvmlDeviceGetMigMode", 0, &gpu)) == NVML_SUCCESS)
-               *current = *pending = gpu->mig_enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE);
+               { *current = gpu->mig_enabled ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE;
+                 *pending = gpu->mig_pending ? NVML_DEVICE_MIG_ENABLE : NVML_DEVICE_MIG_DISABLE; });
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t device, unsigned int *count) {
@@ -56,7 +72,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, un
     sim_gpu *gpu;
     if (!mig) return NVML_ERROR_INVALID_ARGUMENT;
     LOCKED(if ((result = mig_gpu(device, "nvmlDeviceGetMigDeviceHandleByIndex", 1, &gpu)) == NVML_SUCCESS) {
-        if (index < gpu->mig_count) *mig = (nvmlDevice_t)&gpu->migs[index];
+        sim_mig *found = mig_by_index(gpu, index);
+        if (found) *mig = (nvmlDevice_t)found;
         else result = index < max_mig_devices(gpu) ? NVML_ERROR_NOT_FOUND : NVML_ERROR_INVALID_ARGUMENT;
     });
 }
@@ -344,7 +361,7 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlGpuInstan
 static sim_mig *find_ci(const sim_mig *gi, unsigned id) {
     for (unsigned i = 0; i < gi->gpu->mig_count; i++) {
         sim_mig *m = &gi->gpu->migs[i];
-        if (m->gi_id == gi->gi_id && m->ci_id == id) return m;
+        if (m->gi_id == gi->gi_id && m->ci_id == id && sim_is_device(m)) return m;
     }
     return NULL;
 }
@@ -393,4 +410,197 @@ nvmlReturn_t DECLDIR nvmlComputeInstanceGetInfo_v2(nvmlComputeInstance_t compute
 
 nvmlReturn_t DECLDIR nvmlComputeInstanceGetInfo(nvmlComputeInstance_t compute, nvmlComputeInstanceInfo_t *info) {
     return nvmlComputeInstanceGetInfo_v2(compute, info);
+}
+
+/* --- changing the layout ---------------------------------------------------------------------
+ * Each change holds sim_lock and the state's flock from before the handles are resolved (so
+ * against the layout every process last wrote) until the new layout is written. */
+
+/* Hopper and later switch MIG mode at once; Ampere only at the GPU's next reset. */
+static int mig_mode_at_once(const sim_gpu *gpu) {
+    return gpu->architecture >= NVML_DEVICE_ARCH_HOPPER && gpu->architecture != NVML_DEVICE_ARCH_UNKNOWN;
+}
+
+#define CHANGE(...)                                         \
+    do {                                                    \
+        pthread_mutex_lock(&sim_lock);                      \
+        int lock_ = sim_current ? sim_state_lock() : -1;    \
+        nvmlReturn_t result;                                \
+        int changed = 0;                                    \
+        __VA_ARGS__;                                        \
+        if (result == NVML_SUCCESS && changed) result = sim_state_commit(lock_); \
+        sim_state_unlock(lock_);                            \
+        pthread_mutex_unlock(&sim_lock);                    \
+        return result;                                      \
+    } while (0)
+
+nvmlReturn_t DECLDIR nvmlDeviceSetMigMode(nvmlDevice_t device, unsigned int mode, nvmlReturn_t *activation) {
+    sim_gpu *gpu;
+    if (!activation || (mode != NVML_DEVICE_MIG_ENABLE && mode != NVML_DEVICE_MIG_DISABLE))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    CHANGE(if ((result = mig_gpu(device, "nvmlDeviceSetMigMode", 0, &gpu)) == NVML_SUCCESS) {
+        int on = mode == NVML_DEVICE_MIG_ENABLE;
+        if (!on && gpu->mig_count) {
+            *activation = NVML_ERROR_IN_USE; /* GPU instances still exist: nothing changes */
+        } else {
+            changed = gpu->mig_pending != on || gpu->mig_enabled != on;
+            gpu->mig_pending = on;
+            if (mig_mode_at_once(gpu)) gpu->mig_enabled = on;
+            *activation = gpu->mig_enabled == on ? NVML_SUCCESS : NVML_ERROR_RESET_REQUIRED;
+        }
+    });
+}
+
+static unsigned instances_of(const sim_gpu *gpu, unsigned profile_id) {
+    unsigned count = 0;
+    for (unsigned i = 0; i < gpu->mig_count; i++)
+        count += gpu->migs[i].gi_profile_id == profile_id && sim_find_gi((sim_gpu *)gpu, gpu->migs[i].gi_id) == &gpu->migs[i];
+    return count;
+}
+
+static int placement_free(const sim_gpu *gpu, const nvmlGpuInstancePlacement_t *place) {
+    for (unsigned i = 0; i < gpu->mig_count; i++)
+        if (overlaps(place, &gpu->migs[i].placement)) return 0;
+    return 1;
+}
+
+/* A new GPU instance of the profile with driver id `profile_id`, at `place` or (NULL) at the
+ * first free placement of the profile. */
+static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned profile_id, const nvmlGpuInstancePlacement_t *place,
+                              nvmlGpuInstance_t *out) {
+    sim_gpu *gpu;
+    const sim_gi_profile *gi;
+    const char *call = "nvmlDeviceCreateGpuInstance";
+    nvmlReturn_t result = mig_gpu(device, call, 0, &gpu);
+    if (result != NVML_SUCCESS) return result;
+    if (!gpu->mig_enabled) return NVML_ERROR_NOT_SUPPORTED;
+    if (gi_profile(device, call, profile_id, 1, &gi) != NVML_SUCCESS) return NVML_ERROR_INVALID_ARGUMENT;
+    const nvmlGpuInstancePlacement_t *chosen = NULL;
+    for (unsigned p = 0; p < gi->placement_count && p < SIM_MAX_PLACEMENTS; p++) {
+        const nvmlGpuInstancePlacement_t *candidate = &gi->placements[p];
+        if (place && (candidate->start != place->start || candidate->size != place->size)) continue;
+        if (place || placement_free(gpu, candidate)) { chosen = candidate; break; }
+    }
+    if (!chosen) return place ? NVML_ERROR_INVALID_ARGUMENT : NVML_ERROR_INSUFFICIENT_RESOURCES;
+    if (!placement_free(gpu, chosen) || instances_of(gpu, gi->id) >= gi->instances || gpu->mig_count >= SIM_MAX_MIGS)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned id = 1;
+    while (id <= SIM_MAX_GPU_INSTANCE_ID && sim_find_gi(gpu, id)) id++;
+    if (id > SIM_MAX_GPU_INSTANCE_ID) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    sim_mig *m = &gpu->migs[gpu->mig_count];
+    memset(m, 0, sizeof *m);
+    m->gpu = gpu;
+    m->index = gpu->mig_count++;
+    m->gi_id = id;
+    m->ci_id = SIM_NO_INSTANCE;
+    m->gi_enum = (unsigned)(gi - gpu->gi_profiles);
+    m->gi_profile_id = gi->id;
+    m->gi_slices = gi->slices;
+    m->sms = gi->sms;
+    m->copy_engines = gi->copy_engines;
+    m->decoders = gi->decoders;
+    m->jpegs = gi->jpegs;
+    m->ofas = gi->ofas;
+    m->memory_mib = gi->memory_mib;
+    m->placement = *chosen;
+    *out = (nvmlGpuInstance_t)&m->gpu_instance;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceCreateGpuInstance(nvmlDevice_t device, unsigned int profile_id,
+                                                 nvmlGpuInstance_t *instance) {
+    if (!instance) return NVML_ERROR_INVALID_ARGUMENT;
+    CHANGE(changed = (result = create_gi(device, profile_id, NULL, instance)) == NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t device, unsigned int profile_id,
+                                                              const nvmlGpuInstancePlacement_t *placement,
+                                                              nvmlGpuInstance_t *instance) {
+    if (!instance || !placement) return NVML_ERROR_INVALID_ARGUMENT;
+    CHANGE(changed = (result = create_gi(device, profile_id, placement, instance)) == NVML_SUCCESS);
+}
+
+/* Drop entry `m` of its GPU; later entries move down one (their handles with them). */
+static void remove_entry(sim_mig *m) {
+    sim_gpu *gpu = m->gpu;
+    unsigned at = (unsigned)(m - gpu->migs);
+    memmove(m, m + 1, (gpu->mig_count - at - 1) * sizeof *m);
+    gpu->mig_count--;
+    for (unsigned i = at; i < gpu->mig_count; i++) gpu->migs[i].index = i;
+}
+
+nvmlReturn_t DECLDIR nvmlGpuInstanceDestroy(nvmlGpuInstance_t instance) {
+    sim_mig *gi;
+    CHANGE(if ((result = sim_gpu_instance(instance, "nvmlGpuInstanceDestroy", &gi)) == NVML_SUCCESS) {
+        if (sim_is_device(gi)) result = NVML_ERROR_IN_USE; /* compute instances remain */
+        else { remove_entry(gi); changed = 1; }
+    });
+}
+
+/* A compute instance of CI profile `profile` in `instance`; with `place`, only there. */
+static nvmlReturn_t create_ci(nvmlGpuInstance_t instance, unsigned profile,
+                              const nvmlComputeInstancePlacement_t *place, nvmlComputeInstance_t *out) {
+    sim_mig *gi;
+    nvmlReturn_t result = sim_gpu_instance(instance, "nvmlGpuInstanceCreateComputeInstance", &gi);
+    if (result != NVML_SUCCESS) return result;
+    if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned slices = ci_slices_by_enum[profile], used = 0, id = 0;
+    if (!slices || slices > gi->gi_slices) return NVML_ERROR_NOT_SUPPORTED;
+    if (place && (place->size != slices || place->start % slices || place->start + slices > gi->gi_slices))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sim_gpu *gpu = gi->gpu;
+    for (unsigned i = 0; i < gpu->mig_count; i++)
+        if (gpu->migs[i].gi_id == gi->gi_id) used += gpu->migs[i].ci_slices;
+    if (used + slices > gi->gi_slices) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    while (id <= SIM_MAX_COMPUTE_INSTANCE_ID && find_ci(gi, id)) id++;
+    if (id > SIM_MAX_COMPUTE_INSTANCE_ID) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    sim_mig *m = gi;
+    if (sim_is_device(gi)) {
+        if (gpu->mig_count >= SIM_MAX_MIGS) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+        m = &gpu->migs[gpu->mig_count];
+        *m = *gi;
+        m->index = gpu->mig_count++;
+    }
+    m->ci_id = id;
+    m->ci_slices = slices;
+    m->sms = gpu->gi_profiles[m->gi_enum].sms * slices / m->gi_slices;
+    const char *profile_name = gpu->gi_profiles[m->gi_enum].name;
+    char shape[48];
+    if (slices < m->gi_slices) snprintf(shape, sizeof shape, "%uc.%s", slices, profile_name);
+    else snprintf(shape, sizeof shape, "%s", profile_name);
+    if (snprintf(m->name, sizeof m->name, "%s MIG %s", gpu->name, shape) >= (int)sizeof m->name)
+        m->name[sizeof m->name - 1] = '\0';
+    sim_current->created++;
+    sim_new_mig_uuid(gpu, m, m->uuid, sizeof m->uuid);
+    *out = (nvmlComputeInstance_t)&m->compute_instance;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t DECLDIR nvmlGpuInstanceCreateComputeInstance(nvmlGpuInstance_t instance, unsigned int profile,
+                                                          nvmlComputeInstance_t *compute) {
+    if (!compute) return NVML_ERROR_INVALID_ARGUMENT;
+    CHANGE(changed = (result = create_ci(instance, profile, NULL, compute)) == NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlGpuInstanceCreateComputeInstanceWithPlacement(nvmlGpuInstance_t instance, unsigned int profile,
+                                                                       const nvmlComputeInstancePlacement_t *placement,
+                                                                       nvmlComputeInstance_t *compute) {
+    if (!compute || !placement) return NVML_ERROR_INVALID_ARGUMENT;
+    CHANGE(changed = (result = create_ci(instance, profile, placement, compute)) == NVML_SUCCESS);
+}
+
+nvmlReturn_t DECLDIR nvmlComputeInstanceDestroy(nvmlComputeInstance_t compute) {
+    sim_mig *m;
+    CHANGE(if ((result = sim_compute_instance(compute, "nvmlComputeInstanceDestroy", &m)) == NVML_SUCCESS) {
+        unsigned others = 0;
+        for (unsigned i = 0; i < m->gpu->mig_count; i++) others += m->gpu->migs[i].gi_id == m->gi_id;
+        if (others > 1) {
+            remove_entry(m);
+        } else { /* the GPU instance stays, without compute instances */
+            m->ci_id = SIM_NO_INSTANCE;
+            m->ci_slices = 0;
+            m->uuid[0] = m->name[0] = '\0';
+        }
+        changed = 1;
+    });
 }

@@ -135,6 +135,8 @@ static int read_profile(parse_state *st, const json *p, sim_gpu *gpu) {
     sim_gi_profile *gi = &gpu->gi_profiles[e];
     if (gi->present) return bad(st, "enum", "repeats another profile's");
     gi->present = 1;
+    const json *name = json_get(p, "name");
+    if (name && !get_str(st, p, "name", gi->name, sizeof gi->name)) return 0;
     const json *places = get_array(st, p, "placements", SIM_MAX_PLACEMENTS);
     if (!places || !get_u(st, p, "id", &gi->id) || !get_u(st, p, "slices", &gi->slices) ||
         !get_u(st, p, "instances", &gi->instances) || !get_u(st, p, "sms", &gi->sms) ||
@@ -146,7 +148,8 @@ static int read_profile(parse_state *st, const json *p, sim_gpu *gpu) {
         if (gi->placement_count >= SIM_MAX_PLACEMENTS) return bad(st, "placements", "has too many entries");
         if (!get_pair(st, pl, "placements", &gi->placements[gi->placement_count++])) return 0;
     }
-    if (gi->instances != gi->placement_count) return bad(st, "instances", "is not the number of placements");
+    if (gi->instances < 1 || gi->instances > gi->placement_count)
+        return bad(st, "instances", "must be between 1 and the number of placements");
     return 1;
 }
 
@@ -166,9 +169,12 @@ static int read_mig(parse_state *st, const json *m, sim_gpu *gpu, unsigned index
         !get_uint(st, m, "memoryMiB", 1ull << 40, &mig->memory_mib) ||
         !get_pair(st, json_get(m, "placement"), "placement", &mig->placement))
         return 0;
-    if (mig->gi_slices == 0 || mig->ci_slices == 0 || mig->ci_slices > mig->gi_slices)
+    if (!sim_is_device(mig)) {
+        if (mig->ci_slices != 0 || mig->uuid[0]) return bad(st, "ciSlices", "must be 0 and uuid \"\" without a compute instance");
+        if (mig->gi_slices == 0) return bad(st, "giSlices", "must be at least 1");
+    } else if (mig->gi_slices == 0 || mig->ci_slices == 0 || mig->ci_slices > mig->gi_slices)
         return bad(st, "ciSlices", "must be between 1 and giSlices");
-    if (mig->gi_id > SIM_MAX_GPU_INSTANCE_ID || mig->ci_id > SIM_MAX_COMPUTE_INSTANCE_ID)
+    if (mig->gi_id > SIM_MAX_GPU_INSTANCE_ID || (sim_is_device(mig) && mig->ci_id > SIM_MAX_COMPUTE_INSTANCE_ID))
         return bad(st, "gpuInstanceId", "or computeInstanceId is past the driver's table (14, 7)");
     return 1;
 }
@@ -194,6 +200,7 @@ static int read_gpu(parse_state *st, const json *g, sim_gpu *gpu, unsigned count
         !get_uint(st, g, "supportedEvents", ~0ull >> 1, &events))
         return 0;
     gpu->supported_events = events;
+    gpu->mig_pending = gpu->mig_enabled;
     if (gpu->index >= count) return bad(st, "index", "is not below the GPU count");
     if (!numa || numa->kind != JSON_NUMBER || !numa->integral || numa->integer < -1 || numa->integer > 4096)
         return bad(st, "numaNode", "must be an integer, -1 for none");
@@ -269,6 +276,60 @@ static int read_node(parse_state *st, const json *doc, sim_node *node) {
     return sim_node_check(node, st->error, sizeof st->error);
 }
 
+/* One GPU of the state document: its UUID must be the node's (the state belongs to this node),
+ * its MIG mode and devices replace the scratch copy's. */
+static int read_state_gpu(parse_state *st, const json *g, sim_gpu *gpu) {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    const json *migs = get_array(st, g, "migDevices", SIM_MAX_MIGS);
+    if (!migs || !get_str(st, g, "uuid", uuid, sizeof uuid) ||
+        !get_bool(st, g, "migEnabled", &gpu->mig_enabled) || !get_bool(st, g, "migPending", &gpu->mig_pending))
+        return 0;
+    if (strcmp(uuid, gpu->uuid) != 0) return bad(st, "uuid", "is not this node's GPU at that index");
+    if ((gpu->mig_enabled || gpu->mig_pending) && !gpu->mig_capable) return bad(st, "migEnabled", "on a GPU without MIG");
+    memset(gpu->migs, 0, sizeof gpu->migs);
+    gpu->mig_count = 0;
+    for (const json *m = migs->child; m; m = m->next)
+        if (!read_mig(st, m, gpu, gpu->mig_count++)) return 0;
+    return 1;
+}
+
+int sim_state_parse(sim_node *node, const char *text, size_t length, char *error, size_t size) {
+    parse_state st = {{0}, {0}};
+    unsigned long long created = 0;
+    json *doc = json_parse(text, length, st.error, sizeof st.error);
+    sim_node *scratch = doc ? malloc(sizeof *scratch) : NULL;
+    const json *gpus = scratch ? get_array(&st, doc, "gpus", SIM_MAX_GPUS) : NULL;
+    int ok = gpus && get_uint(&st, doc, "created", ~0ull >> 1, &created);
+    if (ok && json_length(gpus) != node->gpu_count) ok = bad(&st, "gpus", "is not one entry per GPU of the node");
+    if (ok) {
+        memcpy(scratch, node, sizeof *scratch);
+        unsigned i = 0;
+        for (const json *g = gpus->child; ok && g; g = g->next, i++) {
+            snprintf(st.where, sizeof st.where, "gpus[%u].", i);
+            ok = read_state_gpu(&st, g, &scratch->gpus[i]);
+            /* Each entry points at the node's GPU: where it will live once copied. */
+            for (unsigned j = 0; ok && j < scratch->gpus[i].mig_count; j++) scratch->gpus[i].migs[j].gpu = &node->gpus[i];
+        }
+        st.where[0] = '\0';
+        ok = ok && sim_node_check(scratch, st.error, sizeof st.error);
+    }
+    if (ok) {
+        for (unsigned i = 0; i < node->gpu_count; i++) {
+            sim_gpu *to = &node->gpus[i], *from = &scratch->gpus[i];
+            to->mig_enabled = from->mig_enabled;
+            to->mig_pending = from->mig_pending;
+            to->mig_count = from->mig_count;
+            memcpy(to->migs, from->migs, sizeof to->migs);
+        }
+        node->created = created;
+    } else {
+        snprintf(error, size, "%s", st.error[0] ? st.error : "out of memory");
+    }
+    free(scratch);
+    json_free(doc);
+    return ok;
+}
+
 void sim_node_free(sim_node *node) {
     if (!node) return;
     for (unsigned i = 0; i < SIM_MAX_GPUS; i++) free(node->gpus[i].not_supported);
@@ -342,6 +403,7 @@ nvmlReturn_t sim_load(void) {
     sim_node *node;
     nvmlReturn_t result = node_from_file(node_path, &node);
     if (result != NVML_SUCCESS) return result;
+    sim_state_paths(events_path);
     if ((result = sim_events_open()) != NVML_SUCCESS) {
         sim_node_free(node);
         return result;
@@ -355,6 +417,7 @@ nvmlReturn_t sim_load(void) {
 nvmlReturn_t sim_enter(void) {
     if (sim_init_count == 0) return NVML_ERROR_UNINITIALIZED;
     sim_events_pump();
+    sim_state_refresh();
     return NVML_SUCCESS;
 }
 
@@ -377,6 +440,7 @@ nvmlReturn_t sim_device(nvmlDevice_t handle, const char *call, sim_gpu **gpu, si
             size_t offset = (size_t)(address - (const char *)g->migs);
             if (offset % sizeof(sim_mig) != 0) return NVML_ERROR_INVALID_ARGUMENT;
             m = &g->migs[offset / sizeof(sim_mig)];
+            if (!sim_is_device(m)) return NVML_ERROR_INVALID_ARGUMENT;
         }
         if (g->lost) return NVML_ERROR_GPU_IS_LOST;
         if (unsupported(g, call)) return NVML_ERROR_NOT_SUPPORTED;
@@ -406,6 +470,8 @@ static nvmlReturn_t instance(const void *address, size_t member, const char *cal
         sim_gpu *g = &sim_current->gpus[i];
         for (unsigned j = 0; j < g->mig_count; j++) {
             if ((const char *)&g->migs[j] + member != address) continue;
+            if (member == offsetof(sim_mig, compute_instance) && !sim_is_device(&g->migs[j]))
+                return NVML_ERROR_INVALID_ARGUMENT;
             if (g->lost) return NVML_ERROR_GPU_IS_LOST;
             if (unsupported(g, call)) return NVML_ERROR_NOT_SUPPORTED;
             *out = &g->migs[j];

@@ -22,6 +22,7 @@ typedef struct sim_gpu sim_gpu;
 
 typedef struct {
     int present;
+    char name[32]; /* as nvidia-smi prints it (1g.10gb); "" when the rendering has none */
     unsigned id, slices, instances, sms, copy_engines, decoders, jpegs, ofas;
     unsigned long long memory_mib;
     unsigned placement_count;
@@ -29,7 +30,8 @@ typedef struct {
 } sim_gi_profile;
 
 /* A MIG device. Its address is its nvmlDevice_t; `gpu_instance` and `compute_instance` are the
- * addresses handed out as nvmlGpuInstance_t / nvmlComputeInstance_t. */
+ * addresses handed out as nvmlGpuInstance_t / nvmlComputeInstance_t. A GPU instance without
+ * compute instances is one entry with ci_id SIM_NO_INSTANCE (no UUID, no device handle). */
 typedef struct {
     sim_gpu *gpu;
     unsigned index;
@@ -58,7 +60,7 @@ struct sim_gpu {
     unsigned long long memory_mib;
     int numa_node; /* -1: unknown */
     int cc_major, cc_minor;
-    int mig_capable, mig_enabled;
+    int mig_capable, mig_enabled, mig_pending;
     unsigned long long supported_events;
     char *not_supported; /* "\n"-joined NVML function names answering NOT_SUPPORTED here */
     unsigned topology[SIM_MAX_GPUS];
@@ -77,8 +79,12 @@ typedef struct {
     char nvml_version[NVML_SYSTEM_NVML_VERSION_BUFFER_SIZE];
     int cuda_driver_version;
     unsigned gpu_count;
+    unsigned long long created; /* MIG devices created so far: new UUIDs derive from it */
     sim_gpu gpus[SIM_MAX_GPUS];
 } sim_node;
+
+/* A MIG device, not a GPU instance still waiting for its first compute instance. */
+static inline int sim_is_device(const sim_mig *mig) { return mig->ci_id != SIM_NO_INSTANCE; }
 
 /* One lock for the node, the event sets and the init count. */
 extern pthread_mutex_t sim_lock;
@@ -102,6 +108,18 @@ void sim_copy(char *out, unsigned length, const char *text, nvmlReturn_t *result
 /* node.c: a node rendering (`length` bytes of JSON) -> a checked node, or NULL with a message. */
 sim_node *sim_node_parse(const char *text, size_t length, char *error, size_t size);
 void sim_node_free(sim_node *node);
+
+/* node.c: a MIG state document (state.c writes it) laid over `node`'s GPUs once checked; 0 with
+ * a message, the node unchanged. */
+int sim_state_parse(sim_node *node, const char *text, size_t length, char *error, size_t size);
+
+/* state.c: the MIG layout shared through DIR/etc/deviceplugin-sim/mig-state.json. */
+void sim_state_paths(const char *events_path);
+void sim_state_refresh(void);
+int sim_state_lock(void);
+nvmlReturn_t sim_state_commit(int lock);
+void sim_state_unlock(int lock);
+void sim_new_mig_uuid(const sim_gpu *gpu, const sim_mig *mig, char *out, size_t size);
 
 /* check.c: what the node's parts must agree on (unique ids, MIG layout); 0 with a message. */
 int sim_node_check(const sim_node *node, char *error, size_t size);

@@ -121,6 +121,7 @@ static int by_index(const sim_gpu *gpu, const sim_mig *mig, const void *key) {
 }
 
 static int by_uuid(const sim_gpu *gpu, const sim_mig *mig, const void *key) {
+    if (mig && !sim_is_device(mig)) return 0;
     return strcmp(mig ? mig->uuid : gpu->uuid, key) == 0;
 }
 
