@@ -33,7 +33,6 @@ import errno
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.record import record
 from deviceplugin.node.cdiwriter import SpecWriter, describe, render
+from deviceplugin.node.regularfile import NotRegularError, not_regular, open_regular, read_at_most
 
 VERSION = 2
 FILE_NAME = "checkpoint.json"
@@ -52,15 +52,6 @@ STATES = (STARTED, COMPLETED)
 # About 15,000 claims; a node runs a few hundred pods. A larger file is not ours.
 MAX_BYTES = 8 * 1024 * 1024
 SET_ASIDE_INFIX = ".unusable-"
-
-_NOT_REGULAR = (
-    (stat.S_ISLNK, "a symbolic link"),
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
 
 
 class CheckpointError(DevicePluginError):
@@ -165,28 +156,23 @@ class Checkpoint:
         """The file's bytes: a regular file, not followed through a symlink, opened without
         blocking and checked on the open descriptor before anything is read. Raises OSError;
         CheckpointError for anything but a regular file of at most MAX_BYTES."""
-        self._check_regular(os.lstat(self.path).st_mode)  # a device is not even opened
-        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        kind = not_regular(os.lstat(self.path).st_mode)  # a device is not even opened
+        if kind is not None:
+            raise CheckpointError(f"{self.path}: it is {kind}, not a regular file")
         try:
-            fd = os.open(self.path, flags)
-        except OSError as err:
-            if err.errno == errno.ELOOP:  # a symlink swapped in since the lstat
-                self._check_regular(stat.S_IFLNK)
-            raise
-        with os.fdopen(fd, "rb") as file:
-            info = os.fstat(fd)
-            self._check_regular(info.st_mode)
+            fd, info = open_regular(str(self.path), follow_symlinks=False)
+        except NotRegularError as err:  # swapped in since the lstat
+            raise CheckpointError(str(err)) from None
+        try:
             if info.st_size > MAX_BYTES:
                 raise CheckpointError(f"{self.path}: {info.st_size} bytes, over {MAX_BYTES}")
-            raw = file.read(MAX_BYTES + 1)
+            os.set_blocking(fd, True)
+            raw = read_at_most(fd, MAX_BYTES + 1)
+        finally:
+            os.close(fd)
         if len(raw) > MAX_BYTES:
             raise CheckpointError(f"{self.path}: it grew over {MAX_BYTES} bytes while read")
         return raw
-
-    def _check_regular(self, mode: int) -> None:
-        kind = next((kind for test, kind in _NOT_REGULAR if test(mode)), None)
-        if kind is not None:
-            raise CheckpointError(f"{self.path}: it is {kind}, not a regular file")
 
     def _parse(self, raw: bytes) -> Saved:
         try:

@@ -13,20 +13,12 @@ log and `/status`. Such an entry is refused unopened, naming the problem and not
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping
 
 from deviceplugin.model.config import ParsedConfig, load_config_text
 from deviceplugin.model.config_keys import MAX_CONFIG_BYTES
 from deviceplugin.model.errors import ConfigError
-
-_NOT_REGULAR = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
+from deviceplugin.node.regularfile import not_regular, read_at_most
 
 
 def read_text(path: str, only_regular: bool = True, within: str | None = None) -> str:
@@ -51,7 +43,7 @@ def read_text(path: str, only_regular: bool = True, within: str | None = None) -
         if size > MAX_CONFIG_BYTES:
             raise ConfigError(path, _too_big(size))
         os.set_blocking(fd, True)
-        data = _read_at_most(fd, MAX_CONFIG_BYTES + 1)
+        data = read_at_most(fd, MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(path, f"cannot read config file: {exc.strerror}") from None
     finally:
@@ -78,9 +70,9 @@ def check_inside(path: str, directory: str, name: str | None = None) -> None:
 def _regular_size(fd: int, path: str) -> int:
     """The size of the open file; an error unless it is a regular file."""
     info = os.fstat(fd)
-    for test, kind in _NOT_REGULAR:
-        if test(info.st_mode):
-            raise ConfigError(path, f"cannot read config file: it is {kind}, not a regular file")
+    kind = not_regular(info.st_mode)
+    if kind is not None:
+        raise ConfigError(path, f"cannot read config file: it is {kind}, not a regular file")
     return info.st_size
 
 
@@ -90,18 +82,6 @@ def _too_big(size: int | None) -> str:
     if size is None:
         return f"config file holds more than {MAX_CONFIG_BYTES} bytes; {limit}"
     return f"config file is {size} bytes; {limit}"
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
-    while total < limit:
-        chunk = os.read(fd, min(65536, limit - total))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
 
 
 def load_config(

@@ -43,7 +43,7 @@ from typing import Any
 from deviceplugin.model.log import log_event
 from deviceplugin.model.record import record
 from deviceplugin.node.inotify import IN_CREATE, IN_MODIFY, IN_MOVED_TO, add_watch, open_inotify
-from deviceplugin.sim.hostfile import open_regular
+from deviceplugin.node.regularfile import open_regular
 from deviceplugin.sim.structs import error_code
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from typing import Any
 from deviceplugin.model.config_keys import read_untrusted
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.record import record
-from deviceplugin.sim.hostfile import read_regular
+from deviceplugin.node.regularfile import read_regular
 from deviceplugin.sim.profiles import (
     GiProfile,
     MigShape,
