@@ -72,7 +72,7 @@ def _bad_checksum(path: Path) -> None:
 FORMS: dict[str, tuple[Callable[[Path], object], str]] = {
     "not-utf8": (_regular(b'{"version": 2, "data": "\xff\xfe"}'), "not UTF-8"),
     "deep": (_regular(b"[" * 200_000 + b"]" * 200_000), "nested too deeply"),
-    "oversize": (_oversize, f"{MAX_BYTES + 1} bytes, over {MAX_BYTES}"),
+    "oversize": (_oversize, f"{MAX_BYTES + 1} bytes, over the limit of {MAX_BYTES}"),
     "newer-version": (
         _regular(_document({UID_A: NO_DEVICES}, VERSION + 1)),
         "written by a newer driver",

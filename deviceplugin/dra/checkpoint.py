@@ -41,7 +41,7 @@ from typing import Any
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.record import record
 from deviceplugin.node.cdiwriter import SpecWriter, describe, render
-from deviceplugin.node.regularfile import NotRegularError, not_regular, open_regular, read_at_most
+from deviceplugin.node.regularfile import NotRegularError, not_regular, read_regular
 
 VERSION = 2
 FILE_NAME = "checkpoint.json"
@@ -160,19 +160,9 @@ class Checkpoint:
         if kind is not None:
             raise CheckpointError(f"{self.path}: it is {kind}, not a regular file")
         try:
-            fd, info = open_regular(str(self.path), follow_symlinks=False)
-        except NotRegularError as err:  # swapped in since the lstat
+            return read_regular(str(self.path), MAX_BYTES, follow_symlinks=False)
+        except (NotRegularError, ValueError) as err:  # swapped in since the lstat, or too big
             raise CheckpointError(str(err)) from None
-        try:
-            if info.st_size > MAX_BYTES:
-                raise CheckpointError(f"{self.path}: {info.st_size} bytes, over {MAX_BYTES}")
-            os.set_blocking(fd, True)
-            raw = read_at_most(fd, MAX_BYTES + 1)
-        finally:
-            os.close(fd)
-        if len(raw) > MAX_BYTES:
-            raise CheckpointError(f"{self.path}: it grew over {MAX_BYTES} bytes while read")
-        return raw
 
     def _parse(self, raw: bytes) -> Saved:
         try:

@@ -55,18 +55,19 @@ def open_regular(path: str, follow_symlinks: bool = True) -> tuple[int, os.stat_
     return fd, info
 
 
-def read_regular(path: str, limit: int) -> bytes:
+def read_regular(path: str, limit: int, follow_symlinks: bool = True) -> bytes:
     """The whole regular file at `path`, refused (ValueError) when it holds more than `limit`
-    bytes, even if it grows while read. Raises OSError when it cannot be read."""
-    fd, info = open_regular(path)
+    bytes, even if it grows while read. Raises OSError when it cannot be read (NotRegularError
+    as `open_regular`)."""
+    fd, info = open_regular(path, follow_symlinks)
     try:
         if info.st_size > limit:
-            raise ValueError(f"{path} is {info.st_size} bytes; the limit is {limit}")
+            raise ValueError(f"{path}: {info.st_size} bytes, over the limit of {limit}")
         data = read_at_most(fd, limit + 1)
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise ValueError(f"{path} holds more than {limit} bytes")
+        raise ValueError(f"{path}: it grew over the limit of {limit} bytes while read")
     return data
 
 
