@@ -45,8 +45,9 @@ def _run(options: command_options.CommandOptions) -> int:
         return explain(options)
     if isinstance(options, command_options.DraServeOptions):
         from deviceplugin.dra.service import serve_dra
+        from deviceplugin.sim.simulator import simulator_for
 
-        asyncio.run(serve_dra(options))
+        asyncio.run(serve_dra(options, simulator_for(options.simulate)))
         return 0
     if isinstance(options, command_options.DraDemoOptions):
         from deviceplugin.demos.dra import main as dra_demo
@@ -54,8 +55,9 @@ def _run(options: command_options.CommandOptions) -> int:
         return dra_demo(SERVE_ENV_VARS)
     if isinstance(options, command_options.ServeOptions):
         from deviceplugin.plugin.service import serve
+        from deviceplugin.sim.simulator import simulator_for
 
-        asyncio.run(serve(options))
+        asyncio.run(serve(options, simulator_for(options.simulate)))
         return 0
     from deviceplugin.demos.plugin import demo
 

@@ -41,6 +41,7 @@ from deviceplugin.sim.hostroot import (
 )
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import read_node, resolve_node_path
+from deviceplugin.sim.simulator import NodeSimulator
 from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
 from tests.harness import GPU, MIG, SEED, Plugin, run, running_plugin
 
@@ -51,9 +52,7 @@ AS_ROOT = os.geteuid() == 0
 
 
 def inventory_of(preset: str = PRESET) -> Inventory:
-    from deviceplugin.runtime.host import open_nvml
-
-    nvml = open_nvml(preset)
+    nvml = NodeSimulator(preset).open_nvml(None)
     nvml.init()
     try:
         return discover(nvml)

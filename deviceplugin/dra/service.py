@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from deviceplugin.dra.driver import DraDriver
 from deviceplugin.ops.drametrics import DraMetrics, NoDraMetrics
+from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.runtime.run import install_signals, run_daemon
 
@@ -38,8 +39,10 @@ async def run_driver(driver: DraDriver, http: EndpointServer | None = None) -> N
     )
 
 
-async def serve_dra(settings: DraServeOptions) -> None:
-    """The `dra serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file."""
-    driver = DraDriver(settings, DraMetrics() if settings.http_address else NoDraMetrics())
+async def serve_dra(settings: DraServeOptions, simulator: Simulator | None = None) -> None:
+    """The `dra serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file.
+    On the `simulator`'s node if given."""
+    metrics = DraMetrics() if settings.http_address else NoDraMetrics()
+    driver = DraDriver(settings, metrics, simulator)
     install_signals(driver)
     await run_driver(driver)

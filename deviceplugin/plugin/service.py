@@ -16,6 +16,7 @@ from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.runtime.run import install_signals, run_daemon
 from deviceplugin.runtime.watch import Watchers
@@ -72,8 +73,9 @@ async def run_supervisor(supervisor: Supervisor, http: HttpServer | None = None)
     )
 
 
-async def serve(settings: ServeOptions) -> None:
-    """The `serve` command: run until SIGTERM or SIGINT."""
-    supervisor = Supervisor(settings, Metrics() if settings.http_address else NoMetrics())
+async def serve(settings: ServeOptions, simulator: Simulator | None = None) -> None:
+    """The `serve` command: run until SIGTERM or SIGINT, on the `simulator`'s node if given."""
+    metrics = Metrics() if settings.http_address else NoMetrics()
+    supervisor = Supervisor(settings, metrics, simulator)
     install_signals(supervisor)
     await run_supervisor(supervisor)
