@@ -30,6 +30,7 @@ from deviceplugin.model.hostpaths import capability_node, host_path
 from deviceplugin.node.cdiwriter import SpecWriter
 from deviceplugin.node.discovery import discover, sysfs_numa_reader
 from deviceplugin.node.hostscan import scan_host
+from deviceplugin.node.simmarker import is_sim_root
 from deviceplugin.plugin.cdispec import node_spec
 from deviceplugin.runtime import engine
 from deviceplugin.sim.hostroot import (
@@ -466,6 +467,7 @@ def test_sim_root_writes_a_tree_serve_can_use(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "tree/proc/driver/nvidia-caps/mig-minors").stat().st_size > 0
     assert (tmp_path / "tree/dev/nvidia7").exists()
+    assert is_sim_root(str(tmp_path / "tree"))  # marked as what it is, by what wrote it
     # NUMA affinity where the kernel shows it, as discovery reads it from a real host.
     node = read_node(resolve_node_path(PRESET))
     read_numa = sysfs_numa_reader(str(tmp_path / "tree"))

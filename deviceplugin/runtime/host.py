@@ -3,7 +3,8 @@
 The one place that picks between real NVML and the simulator, and between the real host's files
 and a simulated node's, so the node engine and every front-end run the same code on both. The
 simulator of `--simulate` is built by the composition and handed down as a `Simulator`: nothing
-here imports it.
+here imports it. Without one, a driver root is a simulated host only when `sim-root` marked it
+so (`node.simmarker`), never because of the files it holds.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from typing import Protocol
 
 from deviceplugin.model.config import Config, ParsedConfig
 from deviceplugin.model.errors import ConfigError
-from deviceplugin.model.hostpaths import MIG_MINORS, host_path
+from deviceplugin.model.hostpaths import host_path
 from deviceplugin.model.log import log_event
 from deviceplugin.node.nvml import Nvml, real_nvml
+from deviceplugin.node.simmarker import is_sim_root
 from deviceplugin.runtime import scratch
 
 
@@ -89,15 +91,12 @@ def open_simulated_host(simulator: Simulator | None, config: Config) -> Simulate
     """None on a real node. With a `simulator`, the config's driver root is the simulated host
     when one is set (a tree made with `deviceplugin sim-root`; one with no `proc/` gets the
     simulated kernel module's files in a temp dir); otherwise the node's tree is laid out in a
-    new temp dir. Without one, a driver root other than `/` that carries the kernel module's
-    files under its own `proc/` (a sim-root, where the simulated libnvidia-ml serves NVML) is
-    the simulated host too: no runtime lets a container mount them over its /proc. `close()`
-    removes what was made."""
+    new temp dir. Without one, a driver root that `sim-root` marked as its own (where the
+    simulated libnvidia-ml serves NVML) is the simulated host too: no runtime lets a container
+    mount its kernel module's files over its /proc. `close()` removes what was made."""
     root = config.flags.nvidia_driver_root
     if simulator is None:
-        simulated = root != "/" and os.path.isfile(
-            host_path(host_path(root, REAL_PROC_ROOT), MIG_MINORS)
-        )
+        simulated = root != "/" and is_sim_root(root)
         return SimulatedHost(root, temporary=False) if simulated else None
     if root != "/":
         if os.path.isdir(host_path(root, REAL_PROC_ROOT)):
