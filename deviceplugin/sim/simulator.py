@@ -2,8 +2,8 @@
 its NVML (`fake_nvml`) and its host tree (`hostroot`).
 
 Built by the composition (the top level, the demos, the dry-run commands) and handed down, so
-the runtime never imports the simulator. The simulator's modules load on first use: building
-one costs nothing, and `serve` on a real node loads none of them.
+the runtime never imports the simulator. Its modules load on first use, so a command that
+imports this one (`cdi-spec`, `inspect`) loads none of them on a real node.
 """
 
 from __future__ import annotations
