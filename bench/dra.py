@@ -38,10 +38,10 @@ from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.node.discovery import discover
-from deviceplugin.runtime.host import open_nvml
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import PREFIX, ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
+from deviceplugin.sim.simulator import NodeSimulator, simulator_for
 
 GPUS = 64
 GI_IDS = (7, 8, 9, 11, 12, 13, 14)
@@ -84,7 +84,7 @@ def write_node(path: Path) -> Path:
 
 
 def discover_node(path: Path) -> Inventory:
-    nvml = open_nvml(str(path))
+    nvml = NodeSimulator(str(path)).open_nvml(None)
     nvml.init()
     try:
         return discover(nvml)
@@ -190,7 +190,7 @@ async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
         kubeconfig=str(write_kubeconfig(root / "kubeconfig", server.url)),
         node_name=NODE,
     )
-    driver = DraDriver(settings)
+    driver = DraDriver(settings, simulator=simulator_for(settings.simulate))
     watcher = PluginWatcher(settings.kubelet_root)
     fresh: list[float] = []
     repeat: list[float] = []

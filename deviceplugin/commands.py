@@ -16,6 +16,7 @@ from deviceplugin.node.discovery import discover
 from deviceplugin.plugin.cdispec import node_spec
 from deviceplugin.runtime.host import open_host_config, open_nvml, proc_root
 from deviceplugin.runtime.options import CdiSpecOptions, SimRootOptions, ValidateConfigOptions
+from deviceplugin.sim.simulator import simulator_for
 
 
 def validate_config(settings: ValidateConfigOptions) -> int:
@@ -38,14 +39,15 @@ def validate_config(settings: ValidateConfigOptions) -> int:
 def cdi_spec(settings: CdiSpecOptions) -> int:
     """Print the CDI spec `serve` with these flags would write on this node (exit 0), so it
     can be diffed against another generator's. Says on stderr when no CDI strategy is on."""
+    simulator = simulator_for(settings.simulate)
     parsed, host, _ = open_host_config(
-        settings.simulate,
+        simulator,
         settings.overrides,
         lambda overrides: load_config(settings.config_file, overrides, settings.env),
     )
     config = parsed.config
     try:
-        nvml = open_nvml(settings.simulate, None, config.flags.nvidia_driver_root)
+        nvml = open_nvml(simulator, None, config.flags.nvidia_driver_root)
         nvml.init()
         try:
             inventory = discover(nvml)

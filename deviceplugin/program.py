@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from deviceplugin.cli import SERVE_ENV_VARS, parse_options
 from deviceplugin.model.errors import ConfigError, DiscoveryError, NvmlError
@@ -19,7 +20,20 @@ from deviceplugin.model.log import log_event
 from deviceplugin.ops.logs import configure
 from deviceplugin.runtime import options as command_options
 
+if TYPE_CHECKING:
+    from deviceplugin.runtime.host import Simulator
+
 logger = logging.getLogger("deviceplugin")
+
+
+def _simulator(source: str | None) -> Simulator | None:
+    """The simulated node a daemon's `--simulate` names, built here and handed down; the
+    simulator's package is loaded only then, never by a daemon on a real node."""
+    if source is None:
+        return None
+    from deviceplugin.sim.simulator import NodeSimulator
+
+    return NodeSimulator(source)
 
 
 def _run(options: command_options.CommandOptions) -> int:
@@ -46,7 +60,7 @@ def _run(options: command_options.CommandOptions) -> int:
     if isinstance(options, command_options.DraServeOptions):
         from deviceplugin.dra.service import serve_dra
 
-        asyncio.run(serve_dra(options))
+        asyncio.run(serve_dra(options, _simulator(options.simulate)))
         return 0
     if isinstance(options, command_options.DraDemoOptions):
         from deviceplugin.demos.dra import main as dra_demo
@@ -55,7 +69,7 @@ def _run(options: command_options.CommandOptions) -> int:
     if isinstance(options, command_options.ServeOptions):
         from deviceplugin.plugin.service import serve
 
-        asyncio.run(serve(options))
+        asyncio.run(serve(options, _simulator(options.simulate)))
         return 0
     from deviceplugin.demos.plugin import demo
 

@@ -9,14 +9,14 @@ from pathlib import Path
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.node.discovery import discover
-from deviceplugin.runtime.host import open_nvml
+from deviceplugin.sim.simulator import NodeSimulator
 from tests.simnode import gpu, write_node
 
 A100_GI_IDS = (7, 8, 9, 11, 12, 13, 14)
 
 
 def inventory(simulate: str) -> Inventory:
-    nvml = open_nvml(simulate)
+    nvml = NodeSimulator(simulate).open_nvml(None)
     nvml.init()
     try:
         return discover(nvml)

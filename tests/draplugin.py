@@ -28,6 +28,7 @@ from deviceplugin.sim.hostroot import EVENTS_FILE, install_library, lay_out
 from deviceplugin.sim.libbuild import library_path
 from deviceplugin.sim.node import read_node, resolve_node_path
 from deviceplugin.sim.pluginwatcher import PluginWatcher
+from deviceplugin.sim.simulator import simulator_for
 
 DRIVER = "gpu.nvidia.com"
 NODE = "node-1"
@@ -196,7 +197,7 @@ class Node:
         """Stop the driver (sockets removed) and start a new one with the same settings."""
         await self.driver.stop()
         self.stopped.append(self.driver)
-        self.driver = DraDriver(self.settings)
+        self.driver = DraDriver(self.settings, simulator=simulator_for(self.settings.simulate))
         await self.driver.start()
         if self.driver.publisher is not None:
             await asyncio.wait_for(self.driver.publisher.wait_published(), 30)
@@ -249,7 +250,8 @@ async def running_driver(
         node_name=NODE,
     )
     emulator = PluginWatcher(settings.kubelet_root)
-    node = Node(root, server, emulator, settings, DraDriver(settings), events)
+    driver = DraDriver(settings, simulator=simulator_for(settings.simulate))
+    node = Node(root, server, emulator, settings, driver, events)
     try:
         await node.driver.start()
         if node.driver.publisher is not None:

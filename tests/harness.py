@@ -21,6 +21,7 @@ from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.sim.simulator import simulator_for
 
 SEED = SEED_CONFIG
 GPU = "nvidia.com/gpu"
@@ -109,7 +110,7 @@ async def running_plugin(
         cdi_spec_dir=cdi_spec_dir or root / "cdi",
         env=dict(env or {}),
     )
-    supervisor = Supervisor(settings, Metrics())
+    supervisor = Supervisor(settings, Metrics(), simulator_for(settings.simulate))
     task = asyncio.get_running_loop().create_task(run_supervisor(supervisor))
     plugin = Plugin(root, kubelet, supervisor, events, task)
     try:

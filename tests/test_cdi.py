@@ -30,6 +30,7 @@ from deviceplugin.model.hostpaths import capability_node, host_path
 from deviceplugin.node.cdiwriter import SpecWriter
 from deviceplugin.node.discovery import discover, sysfs_numa_reader
 from deviceplugin.node.hostscan import scan_host
+from deviceplugin.node.simmarker import is_sim_root
 from deviceplugin.plugin.cdispec import node_spec
 from deviceplugin.runtime import engine
 from deviceplugin.sim.hostroot import (
@@ -41,6 +42,7 @@ from deviceplugin.sim.hostroot import (
 )
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.node import read_node, resolve_node_path
+from deviceplugin.sim.simulator import NodeSimulator
 from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
 from tests.harness import GPU, MIG, SEED, Plugin, run, running_plugin
 
@@ -51,9 +53,7 @@ AS_ROOT = os.geteuid() == 0
 
 
 def inventory_of(preset: str = PRESET) -> Inventory:
-    from deviceplugin.runtime.host import open_nvml
-
-    nvml = open_nvml(preset)
+    nvml = NodeSimulator(preset).open_nvml(None)
     nvml.init()
     try:
         return discover(nvml)
@@ -467,6 +467,7 @@ def test_sim_root_writes_a_tree_serve_can_use(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "tree/proc/driver/nvidia-caps/mig-minors").stat().st_size > 0
     assert (tmp_path / "tree/dev/nvidia7").exists()
+    assert is_sim_root(str(tmp_path / "tree"))  # marked as what it is, by what wrote it
     # NUMA affinity where the kernel shows it, as discovery reads it from a real host.
     node = read_node(resolve_node_path(PRESET))
     read_numa = sysfs_numa_reader(str(tmp_path / "tree"))

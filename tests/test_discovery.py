@@ -16,8 +16,8 @@ from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.resources import mig_resource_name
 from deviceplugin.node.discovery import discover, mig_profile_name, sysfs_bus_id, sysfs_numa_reader
 from deviceplugin.node.nvml import Nvml
-from deviceplugin.runtime.host import open_nvml
 from deviceplugin.sim.fake_nvml import FakeNvml
+from deviceplugin.sim.simulator import NodeSimulator
 
 pytestmark = pytest.mark.usefixtures("nvml_backend")
 
@@ -27,7 +27,7 @@ TOTAL_FALLBACK_MIB = {"GH200-144GB": 147456}
 
 
 def _discover(preset: str) -> Inventory:
-    nvml = open_nvml(preset)
+    nvml = NodeSimulator(preset).open_nvml(None)
     nvml.init()
     try:
         return discover(nvml, host_root="/nonexistent")

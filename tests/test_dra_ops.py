@@ -31,6 +31,7 @@ from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import lay_out
 from deviceplugin.sim.node import read_node, resolve_node_path
 from deviceplugin.sim.pluginwatcher import PluginWatcher
+from deviceplugin.sim.simulator import simulator_for
 from tests.dranode import inventory
 from tests.draplugin import (
     DRIVER,
@@ -157,7 +158,7 @@ async def running(
         kubeconfig=str(write_kubeconfig(root / "kubeconfig", server.url)),
         node_name=NODE,
     )
-    driver = DraDriver(settings)
+    driver = DraDriver(settings, simulator=simulator_for(settings.simulate))
     http = EndpointServer("127.0.0.1:0", DraEndpoints(driver))
     watcher = PluginWatcher(kubelet)
     task = asyncio.get_running_loop().create_task(run_driver(driver, http))

@@ -21,6 +21,7 @@ from deviceplugin.runtime import kubeclient
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
+from deviceplugin.sim.simulator import simulator_for
 from tests.draplugin import (
     DRIVER,
     NODE,
@@ -114,7 +115,7 @@ def test_the_kubelet_side_works_while_the_api_server_never_answers(
         (settings.kubelet_root / "plugins_registry").mkdir(parents=True)
         watcher = PluginWatcher(settings.kubelet_root)
         await watcher.start()
-        driver = DraDriver(settings)
+        driver = DraDriver(settings, simulator=simulator_for(settings.simulate))
         task = asyncio.get_running_loop().create_task(run_driver(driver))
         try:
             await watcher.wait_registered(DRIVER, 30)

@@ -28,6 +28,7 @@ from deviceplugin.runtime.options import DraServeOptions, EngineOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import lay_out
 from deviceplugin.sim.node import PRESETS_DIR, read_node
+from deviceplugin.sim.simulator import NodeSimulator
 from tests.draplugin import DRIVER, NODE, short_dir, write_kubeconfig
 from tests.harness import GPU, SEED, running_plugin
 from tests.simnode import gpu as simgpu
@@ -88,7 +89,6 @@ def test_a_reload_racing_a_rediscovery_leaves_prepare_on_the_new_config(
         driver = DraDriver(
             DraServeOptions(
                 config_file=str(config),
-                simulate=str(node_file),
                 simulate_events=str(events),
                 health_recovery_after="off",
                 cdi_spec_dir=root / "cdi",
@@ -96,7 +96,8 @@ def test_a_reload_racing_a_rediscovery_leaves_prepare_on_the_new_config(
                 kubelet_root=root / "kubelet",
                 kubeconfig=str(write_kubeconfig(root / "kubeconfig", server.url)),
                 node_name=NODE,
-            )
+            ),
+            simulator=NodeSimulator(str(node_file)),
         )
         try:
             await driver.start()

@@ -26,7 +26,7 @@ from deviceplugin.node.health import (
 from deviceplugin.node.nvml import EVENT_XID, EventSet, Nvml, NvmlEvent, Probe
 from deviceplugin.node.xidcatalog import policy_from_env, xid_table
 from deviceplugin.ops.metrics import Metrics
-from deviceplugin.runtime.host import open_nvml
+from deviceplugin.sim.simulator import NodeSimulator
 
 GPU0 = "GPU-8e2f3c10-0000-4000-8000-000000000000"
 GPU1 = "GPU-8e2f3c10-0000-4000-8000-000000000001"
@@ -317,7 +317,7 @@ def start(tmp_path: Path) -> Iterator[Start]:
         node_file.write_text(json.dumps(node or NODE))
         events = tmp_path / "events.jsonl"
         events.touch()
-        nvml = WatchedNvml(open_nvml(str(node_file), str(events)))
+        nvml = WatchedNvml(NodeSimulator(str(node_file)).open_nvml(str(events)))
         nvml.init()
         metrics, reports = Metrics(), Reports()
         policy = policy_from_env(env or {})

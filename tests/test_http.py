@@ -33,6 +33,7 @@ from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.podresources import PodResourcesEmulator
+from deviceplugin.sim.simulator import simulator_for
 
 PRESET = "a100-80gb-x8-mixed"
 CONFIG = SEED_CONFIG
@@ -136,7 +137,7 @@ async def running_plugin(config_dir: str = "") -> AsyncIterator[Plugin]:
         health_recovery_after="off",
         env={},
     )
-    supervisor = Supervisor(settings, Metrics())
+    supervisor = Supervisor(settings, Metrics(), simulator_for(settings.simulate))
     http = HttpServer(
         "127.0.0.1:0", supervisor, pod_resources_socket(kubelet_dir), read_pods=read_pods
     )

@@ -26,6 +26,7 @@ from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import InspectOptions, ServeOptions
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.sim.podresources import PodResourcesEmulator
+from deviceplugin.sim.simulator import simulator_for
 
 GPU = "nvidia.com/gpu"
 TIME_SLICING = """\
@@ -203,7 +204,7 @@ def test_from_a_live_plugin(root: Path, capsys: pytest.CaptureFixture[str]) -> N
             health_recovery_after="off",
             env={},
         )
-        supervisor = Supervisor(settings, Metrics())
+        supervisor = Supervisor(settings, Metrics(), simulator_for(settings.simulate))
         http = HttpServer(
             "127.0.0.1:0", supervisor, pod_resources_socket(kubelet_dir), read_pods=read_pods
         )

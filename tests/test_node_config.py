@@ -41,6 +41,7 @@ from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import InspectOptions, ServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.sim.simulator import simulator_for
 
 NODE = "gpu-node-1"
 SHARED = CONFIG.format(replicas=2)  # nvidia.com/gpu: 4 whole GPUs x 2 replicas
@@ -149,7 +150,7 @@ async def running_node(
         gpu_labels=gpu_labels,
         env={"POD_NAMESPACE": "gpu-system"},
     )
-    supervisor = Supervisor(settings, metrics or Metrics())
+    supervisor = Supervisor(settings, metrics or Metrics(), simulator_for(simulate))
     http = HttpServer("127.0.0.1:0", supervisor, root / "no-pods.sock", read_pods=_no_pods)
     task = asyncio.get_running_loop().create_task(run_supervisor(supervisor, http))
     try:

@@ -24,6 +24,7 @@ from deviceplugin.node.nvml import (
     Probe,
 )
 from deviceplugin.runtime.host import open_nvml
+from deviceplugin.sim.simulator import NodeSimulator
 
 pytestmark = pytest.mark.usefixtures("nvml_backend")
 
@@ -71,7 +72,7 @@ def test_errors_translate_by_code(node: SimNode, module_errors: str) -> None:
 
 
 def test_calls_before_init_fail(tmp_path: Path) -> None:
-    nvml = open_nvml(str(SimNode(tmp_path, [gpu(0)]).node_path))
+    nvml = open_nvml(NodeSimulator(str(SimNode(tmp_path, [gpu(0)]).node_path)))
     with pytest.raises(NvmlError) as caught:
         nvml.gpu_count()
     assert caught.value.code == 1
@@ -89,8 +90,8 @@ def test_open_nvml_choices(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         open_nvml(None, str(tmp_path / "events.jsonl"))
     with pytest.raises(ConfigError, match="a10-x8"):
-        open_nvml("no-such-preset")
-    simulated = open_nvml("a10-x8")
+        open_nvml(NodeSimulator("no-such-preset"))
+    simulated = open_nvml(NodeSimulator("a10-x8"))
     assert simulated.numa_reader is not None
 
 

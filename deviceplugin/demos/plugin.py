@@ -22,6 +22,7 @@ from deviceplugin.plugin.service import run_supervisor
 from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.sim.simulator import simulator_for
 
 PRESET = "a100-80gb-x8-mixed"
 SEED_CONFIG = """\
@@ -80,7 +81,7 @@ async def demo() -> int:
         health_recovery_after="off",
         env={},
     )
-    supervisor = Supervisor(settings, Metrics())
+    supervisor = Supervisor(settings, Metrics(), simulator_for(settings.simulate))
     runner = asyncio.get_running_loop().create_task(run_supervisor(supervisor))
     try:
         _say("1/5", f"plugin started on simulated node '{PRESET}' with the seed ConfigMap")

@@ -71,6 +71,7 @@ from deviceplugin.runtime.engine import (
     STOP_GRACE_SECONDS,
     NodeEngine,
 )
+from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import DraServeOptions
 
 if TYPE_CHECKING:
@@ -85,10 +86,15 @@ class DraDriver:
     """One running DRA driver over the node engine: `start()`, then `stop()` (also after a
     failed start)."""
 
-    def __init__(self, settings: DraServeOptions, metrics: DraMetrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: DraServeOptions,
+        metrics: DraMetrics | None = None,
+        simulator: Simulator | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics or DraMetrics()
-        self.engine = NodeEngine(settings, self.metrics)
+        self.engine = NodeEngine(settings, self.metrics, simulator)
         self.node = settings.node_name or socket.gethostname()
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
         self.dra_socket = directory / DRA_SOCKET_NAME

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from deviceplugin.dra.driver import DraDriver
 from deviceplugin.ops.drametrics import DraMetrics, NoDraMetrics
+from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.runtime.run import run_daemon
 
@@ -36,7 +37,8 @@ async def run_driver(
     )
 
 
-async def serve_dra(settings: DraServeOptions) -> None:
-    """The `dra serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file."""
-    driver = DraDriver(settings, DraMetrics() if settings.http_address else NoDraMetrics())
-    await run_driver(driver, signals=True)
+async def serve_dra(settings: DraServeOptions, simulator: Simulator | None = None) -> None:
+    """The `dra serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file.
+    On the `simulator`'s node if given."""
+    metrics = DraMetrics() if settings.http_address else NoDraMetrics()
+    await run_driver(DraDriver(settings, metrics, simulator), signals=True)

@@ -41,6 +41,7 @@ from deviceplugin.node.xidcatalog import policy_from_env
 from deviceplugin.runtime.host import open_nvml
 from deviceplugin.runtime.options import ExplainOptions
 from deviceplugin.sim.events import parse_line
+from deviceplugin.sim.simulator import NodeSimulator
 
 JsonObject = dict[str, Any]
 
@@ -94,7 +95,7 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
     """The devices `dra serve` would publish on the simulated node, health applied."""
     load_config(options.config_file, {}, options.env)  # refused as `dra serve` would refuse it
     try:
-        nvml = open_nvml(options.simulate)
+        nvml = open_nvml(NodeSimulator(options.simulate))
         nvml.init()
     except DevicePluginError as err:
         raise ConfigError(f"--simulate {options.simulate}", str(err)) from err

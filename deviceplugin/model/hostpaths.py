@@ -9,6 +9,10 @@ from __future__ import annotations
 import posixpath
 
 MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under the proc root
+# Under a driver root `deviceplugin sim-root` laid out: the marker saying the tree stands for a
+# simulated host, whose `proc/` is read in place of the real /proc. Its `kind` must be SIM_ROOT.
+SIM_ROOT_MARKER = "etc/deviceplugin-sim/sim-root.json"
+SIM_ROOT = "deviceplugin-sim-root"
 
 
 def host_path(root: str, path: str) -> str:

@@ -25,6 +25,7 @@ from deviceplugin.node.discovery import discover
 from deviceplugin.ops.snapshot import build_snapshot, without_pods
 from deviceplugin.runtime.host import open_nvml
 from deviceplugin.runtime.options import InspectOptions
+from deviceplugin.sim.simulator import simulator_for
 
 FETCH_TIMEOUT_SECONDS = 3.0
 
@@ -53,7 +54,7 @@ def dry_run(settings: InspectOptions) -> dict[str, Any]:
     notes = list(parsed.warnings)
     resources: dict[str, ResourceSet] = {}
     try:
-        nvml = open_nvml(settings.simulate, None, config.flags.nvidia_driver_root)
+        nvml = open_nvml(simulator_for(settings.simulate), None, config.flags.nvidia_driver_root)
         nvml.init()
     except NvmlError as exc:
         if config.flags.fail_on_init_error:

@@ -16,6 +16,7 @@ from deviceplugin.kubelet.registration import KUBELET_SOCKET
 from deviceplugin.model.log import log_event
 from deviceplugin.ops.metrics import Metrics, NoMetrics
 from deviceplugin.plugin.supervisor import Supervisor
+from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.runtime.run import run_daemon
 from deviceplugin.runtime.watch import Watchers
@@ -62,7 +63,8 @@ async def run_supervisor(
     )
 
 
-async def serve(settings: ServeOptions) -> None:
-    """The `serve` command: run until SIGTERM or SIGINT; SIGHUP reloads the config file."""
-    supervisor = Supervisor(settings, Metrics() if settings.http_address else NoMetrics())
-    await run_supervisor(supervisor, signals=True)
+async def serve(settings: ServeOptions, simulator: Simulator | None = None) -> None:
+    """The `serve` command: run until SIGTERM or SIGINT, on the `simulator`'s node if given;
+    SIGHUP reloads the config file."""
+    metrics = Metrics() if settings.http_address else NoMetrics()
+    await run_supervisor(Supervisor(settings, metrics, simulator), signals=True)

@@ -37,6 +37,7 @@ from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.plugin.cdispec import CdiSpecKeeper
 from deviceplugin.runtime.engine import STOP_GRACE_SECONDS, NodeEngine
+from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import ServeOptions
 
 if TYPE_CHECKING:
@@ -57,10 +58,15 @@ class Desired:
 class Supervisor:
     """Runs the plugin over the node engine: servers per resource, registration, reloads."""
 
-    def __init__(self, settings: ServeOptions, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: ServeOptions,
+        metrics: Metrics | None = None,
+        simulator: Simulator | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.engine = NodeEngine(settings, self.metrics)
+        self.engine = NodeEngine(settings, self.metrics, simulator)
         self._planned: dict[str, ResourceSet] = {}
         self._servers: dict[str, PluginServer] = {}
         self._socket_names: frozenset[str] = frozenset()  # read by watcher threads

@@ -53,6 +53,7 @@ from deviceplugin.runtime.configfile import ConfigFile
 from deviceplugin.runtime.host import (
     Overrides,
     SimulatedHost,
+    Simulator,
     open_host_config,
     open_nvml,
     proc_root,
@@ -92,9 +93,12 @@ class Planner(Protocol, Generic[P]):
 class NodeEngine:
     """The node as both daemons see it; one per running daemon."""
 
-    def __init__(self, options: EngineOptions, metrics: SharedMetrics) -> None:
+    def __init__(
+        self, options: EngineOptions, metrics: SharedMetrics, simulator: Simulator | None = None
+    ) -> None:
         self.options = options
         self.metrics = metrics
+        self.simulator = simulator  # the simulated node of `--simulate`; None on a real one
         self.config_file = ConfigFile(options.config_file, metrics)
         self.nvml: Nvml | None = None
         self.inventory: Inventory | None = None  # as last discovered; None without NVML
@@ -138,7 +142,7 @@ class NodeEngine:
         source = self.config_file.path
         parsed, self.host, self._overrides = await self.config_file.step(
             lambda: open_host_config(
-                options.simulate,
+                self.simulator,
                 options.overrides,
                 lambda overrides: load_config_text(text, source, overrides, options.env),
             ),
@@ -156,7 +160,7 @@ class NodeEngine:
         `failOnInitError` is false. Raises NvmlError when it is true."""
         try:
             nvml = open_nvml(
-                self.options.simulate,
+                self.simulator,
                 self.options.simulate_events,
                 config.flags.nvidia_driver_root,
             )

@@ -24,10 +24,10 @@ DEFAULT_DRA_DRIVER = "gpu.nvidia.com"
 
 @record(frozen=True, kw_only=True)
 class EngineOptions:
-    """The config file, the simulated node, the health settings and the config overrides."""
+    """The config file, the simulated events file, the health settings and the config
+    overrides. The simulated node itself reaches the engine built (`runtime.host.Simulator`)."""
 
     config_file: str | None = None
-    simulate: str | None = None
     simulate_events: str | None = None
     health_recovery_after: str = "5m"
     overrides: Mapping[str, str | None] = field(default_factory=dict)
@@ -57,8 +57,10 @@ class CommandOptions:
 @record(frozen=True, kw_only=True)
 class DaemonOptions(CommandOptions, EngineOptions):
     """What both daemons take: the engine's options (a daemon's options are the options of its
-    engine), HTTP, the CDI spec directory, and the own Node's API access for named configs."""
+    engine), the simulated node, HTTP, the CDI spec directory, and the own Node's API access
+    for named configs."""
 
+    simulate: str | None = None  # the composition builds the simulator of this node
     http_address: str | None = None
     cdi_spec_dir: Path = Path(DEFAULT_CDI_SPEC_DIR)
     config_dir: str | None = None  # named configs chosen by the node's label

@@ -7,7 +7,10 @@ the kernel module publishes), each GPU's
 user-space files of the node's driver version (`usr/lib/x86_64-linux-gnu/libcuda.so.<ver>` with
 its soname links, `usr/bin/nvidia-smi`, GSP firmware). Run as root, the device nodes are real
 character devices with the driver's majors and minors (a runtime can pass them into a
-container; opening one fails without the driver); otherwise they are empty plain files.
+container; opening one fails without the driver); otherwise they are empty plain files. The
+tree is marked as simulated, last (`model.hostpaths.SIM_ROOT_MARKER`): a driver root is taken
+for a simulated host by that mark only, never by the files it holds.
+
 `deviceplugin sim-root NODE DIR` writes such a tree, and with `install_library` the simulated
 `libnvidia-ml.so.<ver>` (`sim/native/`) in place of the placeholder, the node rendered for it
 beside it and an empty events file, so any NVML consumer given DIR as its driver root runs on
@@ -18,6 +21,7 @@ the node; `serve --simulate` lays out a tree (without the library) in a scratch 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 from collections.abc import Iterable
@@ -25,6 +29,8 @@ from pathlib import Path
 
 from deviceplugin.model.hostpaths import (
     MIG_MINORS,
+    SIM_ROOT,
+    SIM_ROOT_MARKER,
     capability_node,
 )
 from deviceplugin.node.discovery import sysfs_bus_id
@@ -165,7 +171,19 @@ def lay_out(node: Node, root: Path, every_instance: bool = True) -> bool:
         (root / "usr/bin" / binary).chmod(0o755)
     for firmware in FIRMWARE:
         _write(root / "lib/firmware/nvidia" / version / firmware, b"placeholder firmware\n")
+    _write(root / SIM_ROOT_MARKER, sim_root_marker(node).encode())
     return real
+
+
+def sim_root_marker(node: Node) -> str:
+    """The marker's text: what it is, what wrote it, and the node it stands for."""
+    marker = {
+        "kind": SIM_ROOT,
+        "writer": "deviceplugin sim-root",
+        "driverVersion": node.driver_version,
+        "gpus": len(node.gpus),
+    }
+    return json.dumps(marker, indent=2) + "\n"
 
 
 def install_library(node: Node, root: Path, library: Path) -> None:

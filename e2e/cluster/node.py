@@ -115,10 +115,15 @@ def prepare_host() -> None:
 def prepare_simulated_node() -> None:
     """The simulated GPU node's host files the overlays mount: a driver root of real character
     devices with the simulated libnvidia-ml.so.1 (`deviceplugin sim-root`, again for a root made
-    before it carried the library), and `events.jsonl`, where tests append Xids: a relative link
-    to the events file that library reads, so host and containers name the same file."""
+    before it carried the library or the marker that makes the daemons read its `proc/`), and
+    `events.jsonl`, where tests append Xids: a relative link to the events file that library
+    reads, so host and containers name the same file."""
     root = SIMULATED_NODE / "root"
-    if not (root / "usr/lib/x86_64-linux-gnu/deviceplugin-sim-node.json").is_file():
+    made = (
+        "usr/lib/x86_64-linux-gnu/deviceplugin-sim-node.json",
+        "etc/deviceplugin-sim/sim-root.json",
+    )
+    if not all((root / path).is_file() for path in made):
         deviceplugin = REPO / ".venv" / "bin" / "deviceplugin"
         run([deviceplugin, "sim-root", SIMULATED_PRESET, root])
     events = SIMULATED_NODE / "events.jsonl"

@@ -40,7 +40,7 @@ from e2e.cluster.kube import (
     kubectl,
     wait_until,
 )
-from e2e.cluster.node import API_PORT, KUBELET_ROOT, PKI
+from e2e.cluster.layout import API_PORT, KUBELET_ROOT, PKI
 from e2e.cluster.test_dra import DRIVER, DRIVER_LABEL, OVERLAY, published
 
 OTHER_NODE = "deviceplugin-e2e-other"
