@@ -16,6 +16,7 @@ from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.model.configselect import CONFIG_LABEL
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
+from deviceplugin.model.memoryshares import GPU_SHARING, GPU_SHARING_ENV, gpu_sharing
 from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS
 from deviceplugin.ops.logs import LogFormat
 from deviceplugin.runtime.options import (
@@ -92,6 +93,12 @@ _DRA_FLAGS: dict[str, tuple[str, str, str]] = {
         "DP_DRA_UNHEALTHY_TAINT",
         f"the taint an unhealthy device gets: {', '.join(TAINT_EFFECTS)} or off"
         f" (default {DEFAULT_TAINT})",
+    ),
+    "gpu-sharing": (
+        "gpu_sharing",
+        GPU_SHARING_ENV,
+        f"{' or '.join(GPU_SHARING)}: with memory, whole GPUs are published shareable by memory"
+        " (consumable capacity) (default off)",
     ),
 }
 # `serve` only: per-node configuration by node label and GPU node labels, the two features for
@@ -253,6 +260,7 @@ def _add_explain_flags(explain: argparse.ArgumentParser) -> None:
     explain.add_argument("-o", "--output", choices=("table", "json"), default="table")
     explain_flags = {n: _RUNTIME_FLAGS[n] for n in ("config-file", "simulate", "simulate-events")}
     explain_flags["unhealthy-taint"] = _DRA_FLAGS["unhealthy-taint"]
+    explain_flags["gpu-sharing"] = _DRA_FLAGS["gpu-sharing"]
     _add_serve_flags(explain, explain_flags, ())
     _refuse_device_plugin_flags(explain)
 
@@ -320,6 +328,13 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> CommandOptions
             f"--unhealthy-taint / DP_DRA_UNHEALTHY_TAINT must be {', '.join(TAINT_EFFECTS)}"
             f" or off, got {taint!r}"
         )
+    if command in ("dra serve", "dra explain"):
+        try:
+            sharing = gpu_sharing(runtime["gpu_sharing"])
+        except ValueError as err:
+            parser.error(f"--gpu-sharing / {GPU_SHARING_ENV} {err}")
+        # The mode travels in the command's environment, where the driver and explain read it.
+        env = {**env, GPU_SHARING_ENV: sharing}
     options = _options(command, values, runtime, env, log_format, taint, gpu_labels)
     problem = _path_problem(options)
     if problem is not None:

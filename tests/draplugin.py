@@ -224,9 +224,11 @@ async def running_driver(
     recovery: str = "off",
     watcher: bool = True,
     library: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Node]:
     """The driver started and (with `watcher`) registered, its first slices published. With
-    `library`, no `--simulate`: the production path on the simulated libnvidia-ml.so.1."""
+    `library`, no `--simulate`: the production path on the simulated libnvidia-ml.so.1. `env`:
+    the command's environment (as the command line passes it)."""
     root = short_dir()
     server = ApiServer()
     await server.start()
@@ -248,6 +250,7 @@ async def running_driver(
         kubelet_root=root / "kubelet",
         kubeconfig=str(write_kubeconfig(root / "kubeconfig", server.url)),
         node_name=NODE,
+        env=dict(env or {}),
     )
     emulator = PluginWatcher(settings.kubelet_root)
     driver = DraDriver(settings, simulator=simulator_for(settings.simulate))

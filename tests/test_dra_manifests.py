@@ -193,11 +193,14 @@ def test_device_classes_of_the_seed_and_nvidia_and_for_extended_resources_are_va
         "mig.nvidia.com",
         "gpu-extended.nvidia.com",
         "mig-1g.10gb-extended.nvidia.com",
+        "gpu-shared.nvidia.com",
+        "gpu-shared-extended.nvidia.com",
     }
     extended = {n: c.extended_resource_name for n, c in classes.items() if c.extended_resource_name}
     assert extended == {
         "gpu-extended.nvidia.com": "nvidia.com/gpu",
         "mig-1g.10gb-extended.nvidia.com": "nvidia.com/mig-1g.10gb",
+        "gpu-shared-extended.nvidia.com": "nvidia.com/gpu.shared",
     }
 
 

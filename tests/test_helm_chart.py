@@ -442,3 +442,16 @@ def test_the_slice_policy_allows_the_configured_driver_name() -> None:
 def test_the_chart_serves_only_clusters_with_validating_admission_policy_v1() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["kubeVersion"] == ">=1.30.0-0"
+
+
+@needs_helm
+def test_gpu_sharing_reaches_the_driver_and_brings_the_shared_classes() -> None:
+    off = render("--set", "dra.enabled=true")
+    names = {c["metadata"]["name"] for c in of_kind(off, "DeviceClass")}
+    assert "gpu-shared.nvidia.com" not in names
+    docs = render("--set", "dra.enabled=true", "--set", "dra.gpuSharing=memory")
+    (driver,) = [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("dra")]
+    assert container_env(driver)["DP_DRA_GPU_SHARING"] == "memory"
+    classes = {c["metadata"]["name"]: c["spec"] for c in of_kind(docs, "DeviceClass")}
+    extended = classes["gpu-shared-extended.nvidia.com"]["extendedResourceName"]
+    assert "gpu-shared.nvidia.com" in classes and extended == "nvidia.com/gpu.shared"

@@ -62,6 +62,7 @@ from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
+from deviceplugin.model.memoryshares import GPU_SHARING_ENV, gpu_sharing
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostscan import scan_host
 from deviceplugin.ops.drametrics import DraMetrics
@@ -96,6 +97,8 @@ class DraDriver:
         self.metrics = metrics or DraMetrics()
         self.engine = NodeEngine(settings, self.metrics, simulator)
         self.node = settings.node_name or socket.gethostname()
+        # set by the command line (`--gpu-sharing`), which checked it
+        self.memory_shares = gpu_sharing(settings.env.get(GPU_SHARING_ENV)) == "memory"
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
         self.dra_socket = directory / DRA_SOCKET_NAME
         self.registration = RegistrationServer(
@@ -145,6 +148,7 @@ class DraDriver:
             settings.driver_name,
             taint=settings.unhealthy_taint,
             observer=self.metrics,
+            memory_shares=self.memory_shares,
         )
         plugins_dir = self._device_plugins_dir
         self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
@@ -361,7 +365,7 @@ class DraDriver:
             options.dev_root,
             self.engine.proc_root,
         )
-        return NodeDevices.build(inventory, scan, options)
+        return NodeDevices.build(inventory, scan, options, self.memory_shares)
 
     async def _report_health(self) -> None:
         """The kubelet's health streams (`devicehealth.py`) get the devices' health now."""

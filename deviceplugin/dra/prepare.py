@@ -70,6 +70,7 @@ from deviceplugin.dra.opaque import (
     settings_for,
 )
 from deviceplugin.dra.opaquetypes import OpaqueConfigError
+from deviceplugin.dra.shares import ShareError, refuse_time_slicing, share_limit
 from deviceplugin.model.cdi import (
     CdiError,
     CdiOptions,
@@ -82,6 +83,7 @@ from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from deviceplugin.model.log import log_event
+from deviceplugin.model.memoryshares import MEMORY_LIMIT_ENV
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import device_name, physical_devices
 from deviceplugin.node.cdiwriter import SpecWriter, describe
@@ -167,17 +169,20 @@ class NodeDevices:
     by_name: Mapping[str, tuple[Gpu, MigDevice | None]]
     scan: HostScan
     options: CdiOptions
+    memory_shares: bool = False  # whole GPUs are published shareable by memory
 
     @property
     def cdi(self) -> tuple[HostScan, CdiOptions]:
         return self.scan, self.options
 
     @classmethod
-    def build(cls, inventory: Inventory, scan: HostScan, options: CdiOptions) -> NodeDevices:
+    def build(
+        cls, inventory: Inventory, scan: HostScan, options: CdiOptions, memory_shares: bool = False
+    ) -> NodeDevices:
         """Only devices the slices publish: a MIG-enabled GPU is published as its MIG devices,
         not whole, so its own name is unknown here too."""
         by_name = {device_name(gpu, mig): (gpu, mig) for gpu, mig in physical_devices(inventory)}
-        return cls(by_name, scan, options)
+        return cls(by_name, scan, options, memory_shares)
 
 
 def _refused(claims: Sequence[ClaimRef]) -> dict[str, str]:
@@ -511,11 +516,19 @@ class Preparer:
             settings = EXCLUSIVE if admin else settings_for(entries, request, name, bool(found[1]))
         except OpaqueConfigError as err:
             raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
+        where = f"ResourceClaim {ref}: {RESULTS_PATH}[{index}]"
+        try:
+            limit = share_limit(result, name, found[1] is not None, self._devices.memory_shares)
+            refuse_time_slicing(limit, settings.sharing, settings.origin)
+        except ShareError as err:
+            raise PrepareError(f"{where}{err}", INVALID_CONFIG) from err
         try:
             edits = device_edits(*found, *self._devices.cdi)
         except CdiError as err:
             raise PrepareError(f"ResourceClaim {ref}: {err}", HOST_FILES) from err
         env = device_env(name, settings, admin, share)
+        if limit is not None:
+            env.append(f"{MEMORY_LIMIT_ENV}={limit}")
         if env:
             edits["env"] = env
         cdi_name = cdi_device_name(ref.uid, name, share)

@@ -15,7 +15,8 @@ How to use it (the composition root does this):
 benchmark). `inventory` is the node as discovery found it and `unhealthy` the health engine's
 UUID -> reason (`model.slices` publishes the hardware as it is, whatever the device plugin's
 MIG strategy), and `taint` (constructor) the effect of the taint an unhealthy device gets, or
-None for no taint. Call `want` again whenever the inventory or a device's health changes;
+None for no taint, and `memory_shares` whether whole GPUs are published shareable by memory
+(`model.memoryshares`). Call `want` again whenever the inventory or a device's health changes;
 calling it with an unchanged state writes nothing. Every API call is made by the publisher's
 own sync task (the shape of the slices controller behind Kubernetes' `kubeletplugin.Helper`),
 so the engine's serialized path never waits on the API server.
@@ -118,8 +119,10 @@ class SlicePublisher:
         backoff: Backoff | None = None,
         taint: TaintEffect | None = DEFAULT_TAINT,
         observer: PublishObserver | None = None,
+        memory_shares: bool = False,
     ) -> None:
         self.node_name = node_name
+        self.memory_shares = memory_shares
         self.driver = driver
         self.taint = taint
         self._api = api
@@ -160,7 +163,9 @@ class SlicePublisher:
     def want(self, inventory: Inventory, unhealthy: Mapping[str, str]) -> None:
         """Make the slices say what `inventory` and `unhealthy` say, in the background: returns
         at once, whatever the API server does."""
-        self._desired = build_devices(inventory, unhealthy, self.driver, self.taint)
+        self._desired = build_devices(
+            inventory, unhealthy, self.driver, self.taint, self.memory_shares
+        )
         self._version += 1
         self._published.clear()
         self._kick()

@@ -21,35 +21,16 @@ plain ints and strings where Kubernetes would refuse them at compile time.
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
-from math import ceil
 from typing import Any
 
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_strings
 
 from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.quantity import parse_quantity
 
 JsonObject = dict[str, Any]
 
-_QUANTITY = re.compile(
-    r"([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d+)|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E))?"
-)
-_SUFFIX = {
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-    "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-}
 _SEMVER = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?"
 )
@@ -67,19 +48,6 @@ class SelectorLimitError(SelectorError):
     def __init__(self, path: str, message: str) -> None:
         super().__init__(message)
         self.path = path
-
-
-def parse_quantity(text: str) -> int:
-    """A Kubernetes quantity as a whole number, rounded up: `10Gi` -> 10737418240."""
-    match = _QUANTITY.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(f"{text!r} is not a quantity")
-    number, exponent, suffix = match.groups()
-    try:
-        value = Decimal(number + (exponent or "")) * _SUFFIX.get(suffix or "", Decimal(1))
-    except InvalidOperation as err:
-        raise ValueError(f"{text!r} is not a quantity") from err
-    return ceil(value)
 
 
 def parse_semver(text: str) -> tuple[int, int, int, tuple[str, ...]]:

@@ -15,7 +15,9 @@ Attributes are chosen so that two families of DeviceClasses select devices uncha
 - the seed's, in `nvidia.com`: `migProfile` (empty for a whole GPU), `parentUUID` (the GPU the
   device lives on: itself for a whole GPU) and `healthy`. Every device carries all three, so
   a selector such as `device.attributes['nvidia.com'].migProfile == '1g.10gb'` evaluates on
-  every device instead of failing on a whole GPU (a CEL error aborts the allocation).
+  every device instead of failing on a whole GPU (a CEL error aborts the allocation). With
+  memory shares on, every device also carries `memoryShares` (true for a whole GPU, which is
+  then shareable: `model/memoryshares.py`).
 
 Topology, for a claim's `matchAttribute`: the standard `resource.kubernetes.io/pciBusID` and
 `resource.kubernetes.io/numaNode` (when known), and in `nvidia.com`: `numaNode`, `pcieRoot` and
@@ -36,6 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice, PcieLevel
+from deviceplugin.model.memoryshares import MEMORY, request_policy
 
 DRIVER = "gpu.nvidia.com"
 SEED_DOMAIN = "nvidia.com"
@@ -72,16 +75,32 @@ def build_devices(
     unhealthy: Mapping[str, str] | None = None,
     driver: str = DRIVER,
     taint: TaintEffect | None = DEFAULT_TAINT,
+    memory_shares: bool = False,
 ) -> list[JsonObject]:
     """One v1 Device per physical device of the node, in GPU, then MIG index order; a device
     whose UUID or parent GPU's UUID is in `unhealthy` (UUID -> reason) is published unhealthy,
-    tainted with `taint` unless that is None."""
+    tainted with `taint` unless that is None. With `memory_shares`, whole GPUs are published
+    shareable by memory (`model.memoryshares`)."""
     groups = _Topology(inventory)
     sick = unhealthy or {}
-    return [
-        _device(gpu, mig, inventory, groups, driver, unhealthy_reason(gpu, mig, sick), taint)
-        for gpu, mig in physical_devices(inventory)
-    ]
+    devices = []
+    for gpu, mig in physical_devices(inventory):
+        reason = unhealthy_reason(gpu, mig, sick)
+        device = _device(gpu, mig, inventory, groups, driver, reason, taint)
+        if memory_shares:
+            _shareable(device, gpu if mig is None else None)
+        devices.append(device)
+    return devices
+
+
+def _shareable(device: JsonObject, whole: Gpu | None) -> None:
+    """Mark `device` for the shared classes (every device, so their selectors evaluate on MIG
+    devices too) and, when it is the `whole` GPU, let the scheduler share its memory."""
+    device["attributes"][f"{SEED_DOMAIN}/memoryShares"] = {"bool": whole is not None}
+    if whole is not None:
+        policy = request_policy(whole.memory_mib << 20, quantity)
+        device["capacity"][MEMORY]["requestPolicy"] = policy
+        device["allowMultipleAllocations"] = True
 
 
 def physical_devices(inventory: Inventory) -> Iterator[tuple[Gpu, MigDevice | None]]:

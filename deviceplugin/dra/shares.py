@@ -1,0 +1,62 @@
+"""What Prepare makes of a memory share (`--gpu-sharing memory`): the allocation result's
+`shareID` and `consumedCapacity.memory`, checked against what this node publishes.
+
+The container learns its share through `NVIDIA_GPU_MEMORY_LIMIT` (bytes), the variable the
+NVIDIA container toolkit's `apply-cuda-memory-limits` CDI hook reads. Only a whole GPU published
+shareable takes a memory share: a MIG device has a fixed size (no share of any kind), and a
+device published whole has no capacity to hand out, so a result that says otherwise was not
+allocated from our slices.
+Time-slicing a shared GPU is refused: it would set the scheduling of a GPU whose other shares
+belong to other claims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from deviceplugin.dra.opaquetypes import TIME_SLICING
+from deviceplugin.model.memoryshares import MEMORY
+from deviceplugin.model.quantity import parse_quantity
+
+
+class ShareError(ValueError):
+    """A share Prepare refuses; the message starts with the result's field (`.shareID`...)."""
+
+
+def share_limit(result: Mapping[str, Any], device: str, is_mig: bool, shares: bool) -> int | None:
+    """The memory (bytes) the result's share may use; None when it has no memory share."""
+    share = result.get("shareID")
+    consumed = result.get("consumedCapacity")
+    if not share and consumed is None:
+        return None
+    if is_mig:
+        field = ".shareID" if share else ".consumedCapacity"
+        raise ShareError(f"{field}: {device} is a MIG device, whose size is fixed: not shareable")
+    if not shares:
+        if consumed is None:
+            return None  # a share ID alone names its CDI device, and limits nothing
+        raise ShareError(
+            f".consumedCapacity: {device} is not published shareable (this driver runs"
+            " without --gpu-sharing memory)"
+        )
+    if not isinstance(consumed, Mapping) or MEMORY not in consumed:
+        raise ShareError(f".consumedCapacity.{MEMORY}: required for a share of {device}")
+    try:
+        limit = parse_quantity(str(consumed[MEMORY]))
+    except ValueError as err:
+        raise ShareError(f".consumedCapacity.{MEMORY}: {err}") from err
+    if limit <= 0:
+        raise ShareError(f".consumedCapacity.{MEMORY}: must be positive, got {limit}")
+    if not share:
+        raise ShareError(f".shareID: required with consumedCapacity on {device}")
+    return limit
+
+
+def refuse_time_slicing(limit: int | None, sharing: str, origin: str) -> None:
+    """A share of a GPU may not carry a time-slicing config."""
+    if limit is not None and sharing == TIME_SLICING:
+        raise ShareError(
+            f": {origin} asks for time-slicing on a memory share of a GPU: the GPU's other"
+            " shares belong to other claims, so its scheduling is not this claim's to set"
+        )
