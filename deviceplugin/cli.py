@@ -16,7 +16,12 @@ from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.model.configselect import CONFIG_LABEL
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
-from deviceplugin.model.memoryshares import GPU_SHARING, GPU_SHARING_ENV, gpu_sharing
+from deviceplugin.model.memoryshares import (
+    GPU_SHARING,
+    GPU_SHARING_ENV,
+    GpuSharing,
+    gpu_sharing,
+)
 from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS
 from deviceplugin.ops.logs import LogFormat
 from deviceplugin.runtime.options import (
@@ -328,14 +333,13 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> CommandOptions
             f"--unhealthy-taint / DP_DRA_UNHEALTHY_TAINT must be {', '.join(TAINT_EFFECTS)}"
             f" or off, got {taint!r}"
         )
+    sharing: GpuSharing = "off"
     if command in ("dra serve", "dra explain"):
         try:
             sharing = gpu_sharing(runtime["gpu_sharing"])
         except ValueError as err:
             parser.error(f"--gpu-sharing / {GPU_SHARING_ENV} {err}")
-        # The mode travels in the command's environment, where the driver and explain read it.
-        env = {**env, GPU_SHARING_ENV: sharing}
-    options = _options(command, values, runtime, env, log_format, taint, gpu_labels)
+    options = _options(command, values, runtime, env, log_format, taint, gpu_labels, sharing)
     problem = _path_problem(options)
     if problem is not None:
         parser.error(problem)
@@ -350,6 +354,7 @@ def _options(
     log_format: str,
     taint: str,
     gpu_labels: str,
+    sharing: GpuSharing,
 ) -> CommandOptions:
     """The options type of `command`, from the parsed flags, their variables and `env`."""
     logs: LogFormat = "json" if log_format == "json" else "text"
@@ -382,6 +387,7 @@ def _options(
             driver_name=runtime["driver_name"] or DEFAULT_DRA_DRIVER,
             kubelet_root=Path(runtime["kubelet_root"] or DEFAULT_KUBELET_ROOT),
             unhealthy_taint=effect,
+            gpu_sharing=sharing,
         )
     dry_run: dict[str, Any] = {
         "log_format": logs,
@@ -413,6 +419,7 @@ def _options(
             unhealthy=tuple(values.get("unhealthy") or ()),
             config_file=runtime["config_file"],
             taint=effect,
+            gpu_sharing=sharing,
             output=values.get("output") or "table",
             env=dict(env),
         )

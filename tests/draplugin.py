@@ -22,6 +22,7 @@ from typing import Any
 from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.dra.driver import DraDriver
 from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
+from deviceplugin.model.memoryshares import GpuSharing
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import EVENTS_FILE, install_library, lay_out
@@ -224,11 +225,10 @@ async def running_driver(
     recovery: str = "off",
     watcher: bool = True,
     library: bool = False,
-    env: Mapping[str, str] | None = None,
+    gpu_sharing: GpuSharing = "off",
 ) -> AsyncIterator[Node]:
     """The driver started and (with `watcher`) registered, its first slices published. With
-    `library`, no `--simulate`: the production path on the simulated libnvidia-ml.so.1. `env`:
-    the command's environment (as the command line passes it)."""
+    `library`, no `--simulate`: the production path on the simulated libnvidia-ml.so.1."""
     root = short_dir()
     server = ApiServer()
     await server.start()
@@ -250,7 +250,7 @@ async def running_driver(
         kubelet_root=root / "kubelet",
         kubeconfig=str(write_kubeconfig(root / "kubeconfig", server.url)),
         node_name=NODE,
-        env=dict(env or {}),
+        gpu_sharing=gpu_sharing,
     )
     emulator = PluginWatcher(settings.kubelet_root)
     driver = DraDriver(settings, simulator=simulator_for(settings.simulate))

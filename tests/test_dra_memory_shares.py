@@ -13,7 +13,7 @@ import yaml
 
 from deviceplugin.cli import parse_options
 from deviceplugin.dra.opaque import API_VERSION
-from deviceplugin.model.memoryshares import GPU_SHARING_ENV, SHARE_MIN, SHARE_STEP
+from deviceplugin.model.memoryshares import GPU_SHARING_ENV, SHARE_MIN, SHARE_STEP, GpuSharing
 from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.model.slices import device_name
 from deviceplugin.runtime.options import DraServeOptions, ExplainOptions
@@ -28,12 +28,11 @@ PARENT = next(gpu for gpu in FOUND.gpus if gpu.mig_enabled)
 MIG = device_name(PARENT, PARENT.mig_devices[0])
 KIND = "k8s.gpu.nvidia.com/claim"
 SHARES = ("5f0c2a8e-1b3d-4e6f-8a9b-0c1d2e3f4a5b", "6a1d3b9f-2c4e-4f70-9bac-1d2e3f4a5b6c")
-SHARING = {GPU_SHARING_ENV: "memory"}
 
 
 def test_whole_gpus_are_published_shareable_and_mig_devices_keep_their_size() -> None:
     async def body() -> None:
-        async with running_driver(env=SHARING) as node:
+        async with running_driver(gpu_sharing="memory") as node:
             devices = published(node.server)
             assert node.server.rejected == []
             whole = devices[WHOLE]
@@ -72,10 +71,10 @@ def test_the_flag_beats_the_variable_and_a_bad_value_is_refused(
 ) -> None:
     options = parse_options(command, {GPU_SHARING_ENV: "memory"})
     assert isinstance(options, DraServeOptions | ExplainOptions)
-    assert options.env[GPU_SHARING_ENV] == "memory"
+    assert options.gpu_sharing == "memory"
     options = parse_options([*command, "--gpu-sharing", "off"], {GPU_SHARING_ENV: "memory"})
     assert isinstance(options, DraServeOptions | ExplainOptions)
-    assert options.env[GPU_SHARING_ENV] == "off"
+    assert options.gpu_sharing == "off"
     with pytest.raises(SystemExit) as exit_info:
         parse_options([*command, "--gpu-sharing", "mps"], {})
     assert exit_info.value.code == 2
@@ -127,7 +126,7 @@ def shared(name: str, *shares: tuple[str, str, str], config: Any = None) -> dict
 
 def test_each_share_gets_its_own_cdi_device_with_its_memory_limit() -> None:
     async def body() -> None:
-        async with running_driver(env=SHARING) as node:
+        async with running_driver(gpu_sharing="memory") as node:
             one = node.add_claim(shared("one", (WHOLE, SHARES[0], "10Gi")))
             two = node.add_claim(shared("two", (WHOLE, SHARES[1], "20Gi")))
             done = await node.watcher.prepare(DRIVER, [one, two])
@@ -144,14 +143,14 @@ def test_each_share_gets_its_own_cdi_device_with_its_memory_limit() -> None:
 
 
 @pytest.mark.parametrize(
-    ("env", "share", "fragment"),
+    ("sharing", "share", "fragment"),
     [
-        (SHARING, (MIG, SHARES[0], "5Gi"), f".shareID: {MIG} is a MIG device"),
-        (SHARING, (MIG, "", "5Gi"), f".consumedCapacity: {MIG} is a MIG device"),
-        ({}, (WHOLE, "", "5Gi"), f".consumedCapacity: {WHOLE} is not published shareable"),
-        (SHARING, (WHOLE, SHARES[0], ""), ".consumedCapacity.memory: required"),
-        (SHARING, (WHOLE, SHARES[0], "lots"), "'lots' is not a quantity"),
-        (SHARING, (WHOLE, "", "5Gi"), ".shareID: required with consumedCapacity"),
+        ("memory", (MIG, SHARES[0], "5Gi"), f".shareID: {MIG} is a MIG device"),
+        ("memory", (MIG, "", "5Gi"), f".consumedCapacity: {MIG} is a MIG device"),
+        ("off", (WHOLE, "", "5Gi"), f".consumedCapacity: {WHOLE} is not published shareable"),
+        ("memory", (WHOLE, SHARES[0], ""), ".consumedCapacity.memory: required"),
+        ("memory", (WHOLE, SHARES[0], "lots"), "'lots' is not a quantity"),
+        ("memory", (WHOLE, "", "5Gi"), ".shareID: required with consumedCapacity"),
     ],
     ids=[
         "mig-share",
@@ -163,10 +162,10 @@ def test_each_share_gets_its_own_cdi_device_with_its_memory_limit() -> None:
     ],
 )
 def test_what_cannot_be_a_share_is_refused_at_prepare(
-    env: dict[str, str], share: tuple[str, str, str], fragment: str
+    sharing: GpuSharing, share: tuple[str, str, str], fragment: str
 ) -> None:
     async def body() -> None:
-        async with running_driver(env=env) as node:
+        async with running_driver(gpu_sharing=sharing) as node:
             ref = node.add_claim(shared("refused", share))
             done = await node.watcher.prepare(DRIVER, [ref])
             error = done.claims[ref[2]].error
@@ -184,7 +183,7 @@ def test_time_slicing_a_shared_gpu_is_refused_at_prepare() -> None:
     }
 
     async def body() -> None:
-        async with running_driver(env=SHARING) as node:
+        async with running_driver(gpu_sharing="memory") as node:
             ref = node.add_claim(shared("sliced", (WHOLE, SHARES[0], "4Gi"), config=config))
             done = await node.watcher.prepare(DRIVER, [ref])
             error = done.claims[ref[2]].error

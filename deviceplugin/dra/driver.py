@@ -62,7 +62,6 @@ from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
-from deviceplugin.model.memoryshares import GPU_SHARING_ENV, gpu_sharing
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostscan import scan_host
 from deviceplugin.ops.drametrics import DraMetrics
@@ -98,7 +97,7 @@ class DraDriver:
         self.engine = NodeEngine(settings, self.metrics, simulator)
         self.node = settings.node_name or socket.gethostname()
         # set by the command line (`--gpu-sharing`), which checked it
-        self.memory_shares = gpu_sharing(settings.env.get(GPU_SHARING_ENV)) == "memory"
+        self.memory_shares = settings.gpu_sharing == "memory"
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
         self.dra_socket = directory / DRA_SOCKET_NAME
         self.registration = RegistrationServer(

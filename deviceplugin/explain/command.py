@@ -31,7 +31,6 @@ from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
 from deviceplugin.explain.selectors import SelectorError, SelectorLimitError
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
-from deviceplugin.model.memoryshares import GPU_SHARING_ENV, gpu_sharing
 from deviceplugin.model.slices import build_devices
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.model.yamlimport import yaml
@@ -109,7 +108,7 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
     if options.events_file:
         policy = policy_from_env(options.env)
         unhealthy.update(events_health(Path(options.events_file), policy, inventory))
-    shares = gpu_sharing(options.env.get(GPU_SHARING_ENV)) == "memory"
+    shares = options.gpu_sharing == "memory"
     return build_devices(inventory, unhealthy, options.driver, options.taint, shares)
 
 

@@ -12,6 +12,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import ClassVar
 
+from deviceplugin.model.memoryshares import GpuSharing
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import DEFAULT_TAINT, TaintEffect
 from deviceplugin.ops.logs import LogFormat
@@ -111,6 +112,7 @@ class DraServeOptions(DaemonOptions):
     driver_name: str = DEFAULT_DRA_DRIVER
     kubelet_root: Path = Path(DEFAULT_KUBELET_ROOT)
     unhealthy_taint: TaintEffect | None = DEFAULT_TAINT  # None: off
+    gpu_sharing: GpuSharing = "off"  # "memory": whole GPUs published shareable by memory
 
 
 @record(frozen=True, kw_only=True)
@@ -172,6 +174,7 @@ class ExplainOptions(CommandOptions):
     config_file: str | None = None
     driver: str = DEFAULT_DRA_DRIVER
     taint: TaintEffect | None = DEFAULT_TAINT
+    gpu_sharing: GpuSharing = "off"
     output: str = "table"
     env: Mapping[str, str] = field(default_factory=dict)
 
