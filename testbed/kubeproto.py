@@ -100,7 +100,8 @@ class Decoder:
     def __init__(self, pool: descriptor_pool.DescriptorPool) -> None:
         self._pool = pool
 
-    def _message(self, name: str) -> Message:
+    def message(self, name: str) -> Message:
+        """An empty message of the compiled type `name` (its protobuf full name)."""
         descriptor: Descriptor = self._pool.FindMessageTypeByName(name)
         return message_factory.GetMessageClass(descriptor)()
 
@@ -109,14 +110,14 @@ class Decoder:
         the object's own message); ValueError if it is not one of the compiled kinds."""
         if not body.startswith(MAGIC):
             raise ValueError("not a Kubernetes protobuf object (no k8s\\0 prefix)")
-        unknown = self._message(_UNKNOWN)
+        unknown = self.message(_UNKNOWN)
         unknown.ParseFromString(body[len(MAGIC) :])
         api_version = unknown.typeMeta.apiVersion  # type: ignore[attr-defined]
         kind = unknown.typeMeta.kind  # type: ignore[attr-defined]
         group, _, version = api_version.rpartition("/")
         name = f"k8s.io.api.{group.split('.')[0] or 'core'}.{version}.{kind}"
         try:
-            message = self._message(name)
+            message = self.message(name)
         except KeyError:
             raise ValueError(f"{api_version} {kind}: no protobuf message {name} here") from None
         message.ParseFromString(unknown.raw)  # type: ignore[attr-defined]
