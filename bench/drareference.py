@@ -11,7 +11,8 @@ stand-ins read protobuf bodies (`testbed/kubeproto.py`; client-go sends built-in
 serve client-go's watch-list, and validate every slice either driver sends.
 
 - Start → slices published: from the fork to the stand-in holding every device of the node,
-  REPEATS times each, alternating which goes first.
+  REPEATS times each, alternating which goes first; in the same starts, from the fork to
+  registered with the plugin watcher (which looks for sockets every WATCHER_POLL s).
 - Then both at once: RSS once published and settled; then NodePrepareResources and
   NodeUnprepareResources of one-device claims over each driver's DRA socket, every device each
   driver published in turn, ROUNDS rounds, the two drivers' calls alternating one by one (the
@@ -54,6 +55,7 @@ PACE = 0.25  # s between two Prepares to one driver: 4 a second, under client-go
 SETTLE = 1.0  # s after publishing before RSS is read
 TIMEOUT = 60.0
 POLL = 0.002
+WATCHER_POLL = 0.005  # s between the plugin watcher's looks for a registration socket
 
 Decode = Callable[[bytes], kubeproto.JsonObject]
 
@@ -67,6 +69,7 @@ class Driver:
     server: ApiServer
     watcher: PluginWatcher
     published_in: float = 0.0  # s from the fork to every device at the API server
+    registered_in: float = 0.0  # s from the fork to registered with the kubelet
     pid: int = 0  # the driver's own process
 
     def devices(self) -> list[str]:
@@ -75,14 +78,21 @@ class Driver:
         return sorted(device["name"] for piece in slices for device in piece["spec"]["devices"])
 
 
-async def _until(driver: Driver, done: Callable[[], bool], what: str) -> float:
+async def _times(driver: Driver, checks: Mapping[str, Callable[[], bool]]) -> dict[str, float]:
+    """Seconds from the driver's fork until each check first held."""
+    seen: dict[str, float] = {}
     deadline = time.monotonic() + TIMEOUT
-    while not done():
+    while True:
+        for name, check in checks.items():
+            if name not in seen and check():
+                seen[name] = time.monotonic() - driver.child.started
+        if len(seen) == len(checks):
+            return seen
         if time.monotonic() > deadline or not driver.child.alive():
             state = "running" if driver.child.alive() else "exited"
-            raise BenchError(f"{driver.name}: {what} not seen ({state}):\n{driver.child.tail()}")
+            missing = ", ".join(name for name in checks if name not in seen)
+            raise BenchError(f"{driver.name}: {missing} not seen ({state}):\n{driver.child.tail()}")
         await asyncio.sleep(POLL)
-    return time.monotonic()
 
 
 @contextlib.asynccontextmanager
@@ -96,7 +106,7 @@ async def running(
     await server.start()
     server.add_node(NODE)
     kubeconfig = write_kubeconfig(work / "kubeconfig", server.url)
-    watcher = PluginWatcher(work / "kubelet")
+    watcher = PluginWatcher(work / "kubelet", poll=WATCHER_POLL)
     await watcher.start()
     log = work / f"{name}.log"
     if name == REFERENCE:
@@ -108,9 +118,15 @@ async def running(
     driver = Driver(name, child, server, watcher)
     try:
         with child.start():
-            seen = await _until(driver, lambda: published(server) >= DEVICES, "every device")
-            driver.published_in = seen - child.started
-            await _until(driver, lambda: DRIVER in watcher.plugins, "registration")
+            seen = await _times(
+                driver,
+                {
+                    "every device published": lambda: published(server) >= DEVICES,
+                    "registration": lambda: DRIVER in watcher.plugins,
+                },
+            )
+            driver.published_in = seen["every device published"]
+            driver.registered_in = seen["registration"]
             driver.pid = child.pid
             if name == REFERENCE:
                 driver.pid = plugins.running(child.pid, plugins.DRA_EXECUTABLE)
@@ -129,15 +145,21 @@ def roots(work: Path) -> dict[str, Path]:
 
 
 async def startup(work: Path, binaries: Path, decode: Decode) -> list[Row]:
-    """Fork → every device at the API server, REPEATS times each, alternating the order."""
+    """Fork → registered with the kubelet, and fork → every device at the API server,
+    REPEATS times each, alternating the order."""
     node = roots(work / "start")
-    samples: dict[str, list[float]] = {OURS: [], REFERENCE: []}
+    published_in: dict[str, list[float]] = {OURS: [], REFERENCE: []}
+    registered_in: dict[str, list[float]] = {OURS: [], REFERENCE: []}
     for i in range(REPEATS):
         for name in (OURS, REFERENCE) if i % 2 == 0 else (REFERENCE, OURS):
             directory = work / "start" / f"{name}-{i}"
             async with running(name, directory, node[name], binaries, decode) as driver:
-                samples[name].append(driver.published_in)
-    return [from_samples(f"start → slices published ({DEFAULT_PRESET}, 32 devices)", "s", samples)]
+                published_in[name].append(driver.published_in)
+                registered_in[name].append(driver.registered_in)
+    return [
+        from_samples(f"start → slices published ({DEFAULT_PRESET}, 32 devices)", "s", published_in),
+        from_samples("start → registered with the kubelet", "s", registered_in),
+    ]
 
 
 Call = Callable[[Driver, tuple[str, str, str]], Awaitable[float]]
