@@ -9,7 +9,9 @@ alternate between the two in blocks, so a change in machine load hits both alike
 the large node run one plugin at a time. CPU and RSS come from /proc/<pid> of each plugin's own
 process: for the reference, its Go process, not the `unshare`/`sh` that starts it.
 
-These are figures, not assertions: the run exits 1 only when a measure could not be taken.
+The same run then prints the DRA table of bench/drareference.py (NVIDIA's DRA kubelet plugin and
+`dra serve`). These are figures, not assertions: the run exits 1 only when a measure could not be
+taken.
 """
 
 from __future__ import annotations
