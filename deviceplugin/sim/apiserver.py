@@ -519,11 +519,11 @@ class ApiServer:
         return body, ""
 
     async def _receive(self, request: web.Request, kind: str) -> tuple[JsonObject, str]:
-        decode: Callable[[bytes], Any] = self._decoders.get(request.content_type) or json.loads
+        decoder = self._decoders.get(request.content_type)
         try:
-            body = decode(await request.read())
+            body = (decoder or json.loads)(await request.read())
         except ValueError as err:
-            return {}, f"body is not {request.content_type or 'JSON'}: {err}"
+            return {}, f"body is not {request.content_type if decoder else 'JSON'}: {err}"
         if not isinstance(body, dict):
             return {}, "body is not an object"
         problem = _schema_problem(body, kind)
