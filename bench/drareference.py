@@ -78,7 +78,7 @@ class Driver:
         return sorted(device["name"] for piece in slices for device in piece["spec"]["devices"])
 
 
-async def _times(driver: Driver, checks: Mapping[str, Callable[[], bool]]) -> dict[str, float]:
+async def first_held(driver: Driver, checks: Mapping[str, Callable[[], bool]]) -> dict[str, float]:
     """Seconds from the driver's fork until each check first held."""
     seen: dict[str, float] = {}
     deadline = time.monotonic() + TIMEOUT
@@ -118,7 +118,7 @@ async def running(
     driver = Driver(name, child, server, watcher)
     try:
         with child.start():
-            seen = await _times(
+            seen = await first_held(
                 driver,
                 {
                     "every device published": lambda: published(server) >= DEVICES,

@@ -12,7 +12,7 @@ import pytest
 from test_node_config import in_loop
 
 from bench.comparison import BenchError
-from bench.drareference import Driver, _times
+from bench.drareference import Driver, first_held
 from testbed.process import Child
 
 
@@ -27,7 +27,7 @@ async def test_each_check_is_timed_from_the_fork_to_when_it_first_held(tmp_path:
     try:
         soon = driver.child.started + 0.05
         later = driver.child.started + 0.15
-        seen = await _times(
+        seen = await first_held(
             driver,
             {"later": lambda: time.monotonic() >= later, "soon": lambda: time.monotonic() >= soon},
         )
@@ -42,6 +42,6 @@ async def test_a_driver_that_exits_first_names_what_was_never_seen(tmp_path: Pat
     driver = _driver(tmp_path, ["sh", "-c", "echo gone; exit 3"])
     try:
         with pytest.raises(BenchError, match=r"ours: registration not seen \(exited\):\ngone"):
-            await _times(driver, {"published": lambda: True, "registration": lambda: False})
+            await first_held(driver, {"published": lambda: True, "registration": lambda: False})
     finally:
         driver.child.stop()
