@@ -57,12 +57,21 @@ def _int_or_string(message: Message) -> object:
     return message.strVal if kind else message.intVal  # type: ignore[attr-defined]
 
 
+def _quantity(message: Message) -> str:
+    text: str = message.string  # type: ignore[attr-defined]
+    return text
+
+
+def _raw(message: Message) -> object:
+    return json.loads(message.raw or b"null")  # type: ignore[attr-defined]
+
+
 _SPECIAL: dict[str, Callable[[Message], object]] = {
-    "k8s.io.apimachinery.pkg.api.resource.Quantity": lambda m: m.string,  # type: ignore[attr-defined]
+    "k8s.io.apimachinery.pkg.api.resource.Quantity": _quantity,
     _META + "Time": _time,
     _META + "MicroTime": _time,
     "k8s.io.apimachinery.pkg.util.intstr.IntOrString": _int_or_string,
-    "k8s.io.apimachinery.pkg.runtime.RawExtension": lambda m: json.loads(m.raw or b"null"),  # type: ignore[attr-defined]
+    "k8s.io.apimachinery.pkg.runtime.RawExtension": _raw,
 }
 
 
