@@ -57,8 +57,10 @@ bench: $(STAMP)
 
 # NVIDIA's reference device plugin v0.19.0 and ours in one run, on the same simulated node against
 # the same kubelet emulator: one table, ours ÷ reference (bench/reference.py; docs/performance.md,
-# "Against the reference plugin"; about 45 s). Root: the reference runs in a mount namespace.
-# Needs Go and gcc to build NVIDIA's binaries once, as `make compat` does.
+# "Against the reference plugin"; about 45 s). Then NVIDIA's DRA kubelet plugin v0.4.1 and `dra
+# serve`, against the plugin-watcher emulator and the API-server stand-in: a second table
+# (bench/drareference.py; about 40 s). Root: NVIDIA's binaries run in a mount namespace. Needs Go
+# and gcc to build them once, as `make compat` does.
 bench-reference: $(STAMP)
 	@if [ "$$(id -u)" -ne 0 ]; then echo "make bench-reference needs root (mount namespaces): sudo make bench-reference" >&2; exit 2; fi
 	$(BYTECODE)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import cdi, dra, preferred, process, scenarios
+from bench import cdi, dra, drastart, preferred, process, scenarios
 from bench.report import Figure, table, write_json
 
 RESULTS = Path(__file__).parent / "results.json"
@@ -26,6 +26,7 @@ GROUP_TIMEOUT = 150.0  # a hung plugin must not hang `make bench`; a group takes
 Group = Callable[[Path], Awaitable[list[Figure]]]
 GROUPS: list[tuple[str, Group]] = [
     ("start-up", scenarios.startup),
+    ("dra serve: start-up and memory against its floor", drastart.run),
     ("default node: idle, Allocate, events, reloads", scenarios.default_node_figures),
     ("large node: preferred allocation over gRPC", scenarios.large_node_figures),
     ("DRA: publishing 64 GPUs x 7 MIG, Prepare and Unprepare", dra.run),

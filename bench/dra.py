@@ -151,7 +151,7 @@ async def _changes(inventory: Inventory) -> list[float]:
         await server.stop()
 
 
-def _claim(name: str, device: str) -> dict[str, object]:
+def allocated_claim(name: str, device: str) -> dict[str, object]:
     """A ResourceClaim as the scheduler leaves it: one request, allocated `device`."""
     request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
     result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
@@ -203,7 +203,7 @@ async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
         for round_ in range(PREPARE_ROUNDS):
             refs = []
             for n, device in enumerate(names):
-                meta = server.add_claim(_claim(f"c{round_}-{n}", device))["metadata"]
+                meta = server.add_claim(allocated_claim(f"c{round_}-{n}", device))["metadata"]
                 refs.append(("bench", meta["name"], meta["uid"]))
             for ref in refs:
                 started = time.perf_counter()

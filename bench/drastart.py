@@ -1,60 +1,155 @@
-"""`dra serve` from exec to its ResourceSlices published, and its memory once idle.
+"""`dra serve` from exec to its ResourceSlices published, and its memory once published, each
+against its floor (bench/drafloor.py) taken in turn in the same run.
 
 The real `deviceplugin dra serve` process on the simulated preset of the device-plugin figures,
 publishing through its Kubernetes client to the API-server stand-in (`sim/apiserver.py`) in the
-benchmark's own loop. Timed from the fork to the moment the stand-in holds every device of the
-node; the stand-in validates each slice against the `resource.k8s.io/v1` schema as it arrives,
-which a real API server does too, so that is in the figure. The floor is the echo's exec →
-registered of the same run (`scenarios.startup`).
+benchmark's own loop; the floor is a bare grpc.aio server process that POSTs the same slice to
+a stand-in of its own. Each is timed from the fork to the moment its stand-in holds every
+device of the node; the stand-in validates each slice against the `resource.k8s.io/v1` schema
+as it arrives, as a real API server does, for both. The two start in turn ROUNDS times,
+whichever went second going first the next round, so a machine that slows down meanwhile
+moves both alike. RSS is read IDLE seconds after publishing, for both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import process
 from bench.dra import discover_node, write_kubeconfig
 from bench.nodes import DEFAULT_PRESET
-from deviceplugin.model.slices import build_devices
+from bench.report import Figure, median
+from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.node import resolve_node_path
+from testbed.process import Child
 
 NODE = "bench-node"
+ROUNDS = 7
 TIMEOUT = 30.0
 POLL = 0.001
 IDLE = 1.0  # seconds after publishing before RSS is read, as for `serve`
+START_TARGET = 3.0  # exec → published, times the floor's of the same run
+RSS_TARGET = 60.0  # MiB once published
+MIB = 1024 * 1024
 
 
-def _published(server: ApiServer) -> int:
+@dataclass
+class Starts:
+    """Seconds from fork to published, and RSS (bytes) once published, per round."""
+
+    serve: list[float] = field(default_factory=list)
+    floor: list[float] = field(default_factory=list)
+    serve_rss: list[int] = field(default_factory=list)
+    floor_rss: list[int] = field(default_factory=list)
+    devices: int = 0  # on the node, in the one slice both publish
+
+
+def published(server: ApiServer) -> int:
+    """How many devices the stand-in's slices hold."""
     return sum(len(piece["spec"]["devices"]) for piece in server.slices.values())
 
 
-async def start_to_published(root: Path, repeats: int) -> tuple[list[float], float]:
-    """Seconds from fork to every device of the node at the API server, `repeats` times, and
-    the RSS (bytes) of the last process once idle."""
-    expected = len(build_devices(discover_node(resolve_node_path(DEFAULT_PRESET))))
-    samples: list[float] = []
-    rss = 0
-    for i in range(repeats):
+def node_slice(path: Path) -> tuple[Path, int]:
+    """The one ResourceSlice `dra serve` publishes for the preset, written to `path` as the
+    floor's body, and how many devices it holds."""
+    devices = build_devices(discover_node(resolve_node_path(DEFAULT_PRESET)))
+    slices = build_slices(NODE, devices, 1)
+    if len(slices) != 1:
+        raise RuntimeError(f"the preset publishes {len(slices)} slices; the floor POSTs one")
+    path.write_text(json.dumps(slices[0]))
+    return path, len(devices)
+
+
+async def until_published(make: Callable[[ApiServer], Child], expected: int) -> tuple[float, int]:
+    """Start the child that `make` builds for a fresh stand-in; seconds from its fork until the
+    stand-in holds `expected` devices, and its RSS IDLE seconds later."""
+    server = ApiServer()
+    await server.start()
+    child = make(server)
+    try:
+        child.start()
+        deadline = child.started + TIMEOUT
+        while published(server) < expected:
+            if time.monotonic() > deadline or not child.alive():
+                raise RuntimeError(f"{child.argv[:4]} published no slices:\n{child.tail()}")
+            await asyncio.sleep(POLL)
+        seconds = time.monotonic() - child.started
+        await asyncio.sleep(IDLE)
+        return seconds, child.rss_bytes()
+    finally:
+        await asyncio.to_thread(child.stop)
+        await server.stop()
+
+
+async def measure(root: Path, rounds: int = ROUNDS) -> Starts:
+    """`dra serve` and its floor in turn, `rounds` times each."""
+    body, expected = node_slice(root / "drafloor-slice.json")
+    starts = Starts(devices=expected)
+
+    async def serve(i: int) -> None:
         directory = root / f"dra{i}"
         directory.mkdir()
-        server = ApiServer()
-        await server.start()
-        kubeconfig = write_kubeconfig(directory / "kubeconfig", server.url)
-        child = process.dra_serve(directory, directory / "k", DEFAULT_PRESET, kubeconfig, NODE)
-        try:
-            child.start()
-            deadline = child.started + TIMEOUT
-            while _published(server) < expected:
-                if time.monotonic() > deadline or not child.alive():
-                    raise RuntimeError(f"dra serve published no slices:\n{child.tail()}")
-                await asyncio.sleep(POLL)
-            samples.append(time.monotonic() - child.started)
-            await asyncio.sleep(IDLE)
-            rss = child.rss_bytes()
-        finally:
-            await asyncio.to_thread(child.stop)
-            await server.stop()
-    return samples, rss
+
+        def make(server: ApiServer) -> Child:
+            kubeconfig = write_kubeconfig(directory / "kubeconfig", server.url)
+            return process.dra_serve(directory, directory / "k", DEFAULT_PRESET, kubeconfig, NODE)
+
+        seconds, rss = await until_published(make, expected)
+        starts.serve.append(seconds)
+        starts.serve_rss.append(rss)
+
+    async def floor(i: int) -> None:
+        directory = root / f"drafloor{i}"
+        directory.mkdir()
+
+        def make(server: ApiServer) -> Child:
+            return process.dra_floor(directory, directory / "reg.sock", server.url, body)
+
+        seconds, rss = await until_published(make, expected)
+        starts.floor.append(seconds)
+        starts.floor_rss.append(rss)
+
+    for i in range(rounds):
+        for step in (floor, serve) if i % 2 == 0 else (serve, floor):
+            await step(i)
+    return starts
+
+
+async def run(root: Path) -> list[Figure]:
+    """The figures: start, start ÷ floor, RSS, each with the floor of the same run."""
+    starts = await measure(root)
+    floor = median(starts.floor)
+    rounds = len(starts.floor)
+    label = f"bare grpc.aio + one POST, exec → published (median of {rounds}, in turn)"
+    rss = [r / MIB for r in starts.serve_rss]
+    return [
+        Figure(
+            f"dra serve: start → slices published ({DEFAULT_PRESET}, {starts.devices} devices)",
+            median(starts.serve),
+            "s",
+            baseline=floor,
+            baseline_label=label,
+            samples=starts.serve,
+        ),
+        Figure(
+            "dra serve: start → slices published ÷ floor",
+            median(starts.serve) / floor,
+            "x",
+            target=START_TARGET,
+        ),
+        Figure(
+            "dra serve: RSS once published",
+            median(rss),
+            "MiB",
+            target=RSS_TARGET,
+            baseline=median([r / MIB for r in starts.floor_rss]),
+            baseline_label="floor, once published",
+            samples=rss,
+        ),
+    ]

@@ -1,4 +1,4 @@
-"""Child processes of the benchmark (`deviceplugin serve`, `dra serve`, the echo baseline), as
+"""Child processes of the benchmark (`deviceplugin serve`, `dra serve`, their floors), as
 `testbed.process.Child`ren watched from /proc, and the bytecode they start from.
 """
 
@@ -63,3 +63,10 @@ def echo(
     if register is not None:
         argv += ["--register", register]
     return Child(argv, root / "echo.log")
+
+
+def dra_floor(root: Path, socket: Path, url: str, body: Path) -> Child:
+    """The floor under `dra serve` of bench/drafloor.py, publishing the slice in `body` to the
+    API server at `url` (not started)."""
+    argv = [PYTHON, "-m", "bench.drafloor", str(socket), url, str(body)]
+    return Child(argv, root / "drafloor.log")

@@ -9,7 +9,9 @@ alternate between the two in blocks, so a change in machine load hits both alike
 the large node run one plugin at a time. CPU and RSS come from /proc/<pid> of each plugin's own
 process: for the reference, its Go process, not the `unshare`/`sh` that starts it.
 
-These are figures, not assertions: the run exits 1 only when a measure could not be taken.
+The same run then prints the DRA table of bench/drareference.py (NVIDIA's DRA kubelet plugin and
+`dra serve`). These are figures, not assertions: the run exits 1 only when a measure could not be
+taken.
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
 
+from bench import drareference
+from bench.comparison import OURS, REFERENCE, BenchError, Row, from_samples, table
 from bench.nodes import DEFAULT_PRESET, MIG_RESOURCE, large_node
 from bench.process import compile_sources
-from bench.report import machine, median, number, p99
+from bench.report import machine, median, p99
 from bench.scenarios import (
     ALLOCATES,
     IDLE_SECONDS,
@@ -51,7 +55,6 @@ from testbed import plugins
 from testbed.process import Child, cpu_seconds, rss_bytes
 
 RESULTS = Path(__file__).parent / "results-reference.json"
-OURS, REFERENCE = "ours", "reference"
 GPU = "nvidia.com/gpu"
 EXPECTED = {GPU: 8, MIG_RESOURCE: 28}  # the preset with the seed config: 4 GPUs x 2, 4 x 7 MIG
 REPEATS = 3
@@ -61,54 +64,6 @@ PREFERRED_LIMIT = 60_000.0  # ms; the reference's issue #774 reports 16-30 s for
 ALIGNED_PRESET = "dgx1-hybrid-cube"
 ALIGNED_CONFIG = "version: v1\nflags:\n  migStrategy: none\n"
 LARGE_TIMEOUT = 120.0  # s to register 1,792 IDs
-
-
-class BenchError(Exception):
-    """A measure could not be taken: a plugin exited or never showed the expected state."""
-
-
-@dataclass
-class Row:
-    """One measure for both plugins. `reference` is None when it took longer than `limit`."""
-
-    measure: str
-    unit: str
-    ours: float | None
-    reference: float | None
-    limit: float | None = None
-    samples: dict[str, list[float]] = field(default_factory=dict)
-    error: str = ""
-
-    def cells(self) -> tuple[str, str, str]:
-        """The values and the ratio as the table shows them."""
-        if self.error:
-            return f"error: {self.error.splitlines()[0]}", "", ""
-        ours = number(self.ours, self.unit)
-        if self.reference is None and self.limit is not None:
-            ratio = "" if self.ours is None else f"< {number(self.ours / self.limit, 'x')}"
-            return ours, f"> {number(self.limit, self.unit)}", ratio
-        reference = number(self.reference, self.unit)
-        if self.ours is None or not self.reference:
-            return ours, reference, "—"
-        return ours, reference, number(self.ours / self.reference, "x")
-
-
-def table(rows: Sequence[Row]) -> str:
-    """The markdown table: measure, ours, the reference, ours ÷ reference."""
-    lines = [
-        "| measure | ours | reference v0.19.0 | ours ÷ reference |",
-        "| --- | ---: | ---: | ---: |",
-    ]
-    lines += [f"| {row.measure} | {' | '.join(row.cells())} |" for row in rows]
-    return "\n".join(lines)
-
-
-def from_samples(
-    measure: str, unit: str, samples: Mapping[str, list[float]], limit: float | None = None
-) -> Row:
-    """A row of the medians of each plugin's samples; none for the reference: over `limit`."""
-    reference = median(samples[REFERENCE]) if samples[REFERENCE] else None
-    return Row(measure, unit, median(samples[OURS]), reference, limit, dict(samples))
 
 
 # --- the plugins --------------------------------------------------------------------------------
@@ -453,11 +408,14 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="dp-benchref-"))
     try:
         rows = asyncio.run(measure(work, binaries))
+        dra_rows = asyncio.run(drareference.measure(work, binaries))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     duration = time.monotonic() - began
     print(table(rows))
-    for row in rows:
+    print()
+    print(table(dra_rows, drareference.LABEL))
+    for row in rows + dra_rows:
         if row.error:
             print(f"\n{row.measure}: {row.error}", file=sys.stderr)
     about = machine()
@@ -471,9 +429,10 @@ def main() -> int:
         "started": stamp,
         "duration_s": round(duration, 1),
         "rows": [asdict(row) for row in rows],
+        "dra_rows": [asdict(row) for row in dra_rows],
     }
     RESULTS.write_text(json.dumps(payload, indent=2) + "\n")
-    return 1 if any(row.error for row in rows) else 0
+    return 1 if any(row.error for row in rows + dra_rows) else 0
 
 
 if __name__ == "__main__":

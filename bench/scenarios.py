@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from bench import drastart, process
+from bench import process
 from bench.echo import register, write_answers
 from bench.nodes import MIG_RESOURCE, NodeSetup, default_node, large_node, swap_replicas
 from bench.report import Figure, median, p99
@@ -217,10 +217,10 @@ async def echo_start_to_registered(root: Path, name: str) -> float:
 
 
 async def startup(root: Path) -> list[Figure]:
-    """Fork → registered on the preset and on the large node, and `dra serve`'s fork →
-    slices published on the preset, against the echo's fork → registered. The echo and `serve`
-    on the preset start in turn, START_REPEATS times each, whichever went second going first
-    the next time, so a machine that speeds up or slows down meanwhile moves both alike."""
+    """Fork → registered on the preset and on the large node, against the echo's fork →
+    registered. The echo and `serve` on the preset start in turn, START_REPEATS times each,
+    whichever went second going first the next time, so a machine that speeds up or slows down
+    meanwhile moves both alike."""
     floors, default = [], []
     for i in range(START_REPEATS):
         echo = echo_start_to_registered(root, f"echo{i}")
@@ -234,7 +234,6 @@ async def startup(root: Path) -> list[Figure]:
     floor = median(floors)
     label = f"echo process start → registered (median of {len(floors)}, in turn)"
     large = [await start_to_registered(root, f"large{i}", large_node) for i in range(REPEATS)]
-    published, dra_rss = await drastart.start_to_published(root, REPEATS)
     return [
         Figure(
             "start → every resource registered (a100-80gb-x8-mixed, 36 IDs)",
@@ -260,16 +259,6 @@ async def startup(root: Path) -> list[Figure]:
             baseline_label=label,
             samples=large,
         ),
-        Figure(
-            "dra serve: start → slices published (a100-80gb-x8-mixed, 32 devices)",
-            median(published),
-            "s",
-            baseline=floor,
-            baseline_label=label,
-            samples=published,
-        ),
-        Figure("dra serve: start → slices published ÷ echo", median(published) / floor, "x"),
-        Figure("dra serve: RSS idle after publishing", dra_rss / MIB, "MiB"),
     ]
 
 

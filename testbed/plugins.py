@@ -165,14 +165,31 @@ def ours(
 ) -> Child:
     """`deviceplugin serve` on the same driver root, with the same config file (and `extra`
     flags)."""
-    console = Path(sys.executable).parent / "deviceplugin"
-    command = [str(console)] if console.exists() else [sys.executable, "-m", "deviceplugin"]
-    argv = [*command, "serve", "--config-file", str(config), "--kubelet-dir", str(kubelet_dir)]
+    argv = [*_deviceplugin(), "serve", "--config-file", str(config)]
+    argv += ["--kubelet-dir", str(kubelet_dir)]
     argv += ["--nvidia-driver-root", str(root), "--cdi-spec-dir", str(cdi_dir), *extra]
     return Child(argv, log, plugin_env())
 
 
+def ours_dra(
+    root: Path, kubeconfig: Path, node_name: str, cdi_dir: Path, kubelet_root: Path, log: Path
+) -> Child:
+    """`deviceplugin dra serve` on driver root `root`, for node `node_name` of the cluster in
+    `kubeconfig`, registering with the kubelet whose root is `kubelet_root`."""
+    argv = [*_deviceplugin(), "dra", "serve", "--nvidia-driver-root", str(root)]
+    argv += ["--kubeconfig", str(kubeconfig), "--node-name", node_name]
+    argv += ["--kubelet-root", str(kubelet_root), "--cdi-spec-dir", str(cdi_dir)]
+    return Child(argv, log, plugin_env())
+
+
+def _deviceplugin() -> list[str]:
+    """The installed console script, or the package run as a module when there is none."""
+    console = Path(sys.executable).parent / "deviceplugin"
+    return [str(console)] if console.exists() else [sys.executable, "-m", "deviceplugin"]
+
+
 DRA_PLUGIN_DIR = Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
+DRA_EXECUTABLE = "gpu-kubelet-plugin"
 
 
 def hand_over_dra_checkpoint(plugin_dir: Path = DRA_PLUGIN_DIR) -> None:
@@ -195,12 +212,20 @@ def hand_over_dra_checkpoint(plugin_dir: Path = DRA_PLUGIN_DIR) -> None:
 
 
 def dra_driver(
-    binaries: Path, root: Path, kubeconfig: Path, node_name: str, cdi_dir: Path, log: Path
+    binaries: Path,
+    root: Path,
+    kubeconfig: Path,
+    node_name: str,
+    cdi_dir: Path,
+    log: Path,
+    kubelet_root: Path | None = None,
 ) -> Child:
     """NVIDIA's DRA kubelet plugin on driver root `root`, for node `node_name` of the cluster in
-    `kubeconfig`, registering with the real kubelet (/var/lib/kubelet/plugins_registry). It
-    reads /proc/driver/nvidia/capabilities and the nvidia-caps major in /proc/devices from the
-    host's /proc: a private mount namespace shows it the driver root's."""
+    `kubeconfig`, registering with the real kubelet (/var/lib/kubelet/plugins_registry), or
+    with the one whose root is `kubelet_root` (its plugins_registry and plugins folders, as
+    `dra serve --kubelet-root` uses them). It reads /proc/driver/nvidia/capabilities and the
+    nvidia-caps major in /proc/devices from the host's /proc: a private mount namespace shows
+    it the driver root's."""
     script = "\n".join(
         [
             "set -e",
@@ -210,16 +235,21 @@ def dra_driver(
             'mount --bind "$DRIVER_ROOT/proc/devices" /proc/devices',
             'exec "$PLUGIN" --node-name "$NODE_NAME" --kubeconfig "$KUBECONFIG"'
             ' --nvidia-driver-root "$DRIVER_ROOT" --container-driver-root "$DRIVER_ROOT"'
-            ' --cdi-root "$CDI_ROOT" --nvidia-cdi-hook-path "$HOOK" --image-name unused:none',
+            ' --cdi-root "$CDI_ROOT" --nvidia-cdi-hook-path "$HOOK" --image-name unused:none'
+            ' "$@"',
         ]
     )
+    extra = []
+    if kubelet_root is not None:
+        extra += ["--kubelet-registrar-directory-path", str(kubelet_root / "plugins_registry")]
+        extra += ["--kubelet-plugins-directory-path", str(kubelet_root / "plugins")]
     env = plugin_env() | {
-        "PLUGIN": str(binaries / "gpu-kubelet-plugin"),
+        "PLUGIN": str(binaries / DRA_EXECUTABLE),
         "HOOK": str(binaries / "nvidia-cdi-hook"),
         "DRIVER_ROOT": str(root),
         "NODE_NAME": node_name,
         "KUBECONFIG": str(kubeconfig),
         "CDI_ROOT": str(cdi_dir),
     }
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *extra]
     return Child(argv, log, env)

@@ -3,6 +3,7 @@ cut at its time limit, and finding the plugin's own process under the wrapper th
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import time
@@ -40,11 +41,15 @@ def test_the_table_is_markdown_with_one_line_per_row_and_errors_inline() -> None
     assert lines[3] == "| large | error: BenchError: x |  |  |"
 
 
-def _wait_for_children(pid: int) -> None:
+def _wait_for_sleep_under(pid: int) -> None:
+    """Until a child of `pid` has exec'd `sleep`: a forked child runs the shell until then."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        if any(p.read_text().strip() for p in Path(f"/proc/{pid}/task").glob("*/children")):
-            return
+        for children in Path(f"/proc/{pid}/task").glob("*/children"):
+            for child in children.read_text().split():
+                with contextlib.suppress(OSError):
+                    if Path(f"/proc/{child}/exe").resolve().name == SLEEP:
+                        return
         time.sleep(0.01)
 
 
@@ -52,7 +57,7 @@ def _wait_for_children(pid: int) -> None:
 def test_the_plugin_process_is_found_under_a_shell_that_forks_it() -> None:
     shell = subprocess.Popen(["sh", "-c", "sleep 30; true"])
     try:
-        _wait_for_children(shell.pid)
+        _wait_for_sleep_under(shell.pid)
         found = running(shell.pid, SLEEP)
         assert found != shell.pid
         assert Path(f"/proc/{found}/cmdline").read_bytes().startswith(b"sleep\0")

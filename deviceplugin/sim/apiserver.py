@@ -20,6 +20,12 @@ the kubelet registering a node and for `kubectl label`, `wipe` for the kubelet d
 slices; watches see their changes at once, and `end_watches` cuts every watch as a lost
 connection would.
 
+A request body of a content type given in `decoders` (client-go's typed clients send
+`application/vnd.kubernetes.protobuf`) is read by that decoder as the JSON object it stands for,
+then validated and stored as JSON is. A slice watch with `sendInitialEvents=true` (client-go's
+informers since Kubernetes 1.35) starts with the current slices and a bookmark, as the API
+server's watch-list does.
+
 `fail_next(status, count)` makes the next requests fail, `refuse_writes` answers writes as a
 denying admission policy does, `compact()` makes a slice watch from
 an older resourceVersion fail with 410 Gone, and `requests` records every call, so tests can
@@ -34,7 +40,7 @@ import itertools
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -71,6 +77,7 @@ _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
 _LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 NFD = "/apis/nfd.k8s-sigs.io/v1alpha1"
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the annotation of a watch-list's bookmark
 
 
 class _Watch(NamedTuple):
@@ -81,7 +88,10 @@ class _Watch(NamedTuple):
 class ApiServer:
     """Start with `await start()`; `url` is then `http://127.0.0.1:<port>`."""
 
-    def __init__(self, nfd: bool = False) -> None:
+    def __init__(
+        self, nfd: bool = False, decoders: Mapping[str, Callable[[bytes], JsonObject]] | None = None
+    ) -> None:
+        self._decoders = dict(decoders or {})  # content type -> the object a body of it holds
         self.nodes: dict[str, JsonObject] = {}
         self.events: list[JsonObject] = []
         self.node_features: dict[tuple[str, str], JsonObject] = {}
@@ -246,6 +256,8 @@ class ApiServer:
             )
 
         if _watching(request):
+            if _flag(request, "sendInitialEvents"):
+                return await self._watch_list(request, selected)
             since = int(request.query.get("resourceVersion") or 0)
             if since < self._compacted:
                 return await self._expired(request, since)
@@ -260,6 +272,25 @@ class ApiServer:
                 "items": items,
             }
         )
+
+    async def _watch_list(
+        self, request: web.Request, selected: Callable[[JsonObject], bool]
+    ) -> web.StreamResponse:
+        """A watch that starts with the current slices (`sendInitialEvents=true`, as client-go's
+        informers ask since Kubernetes 1.35): an ADDED event for each, then the BOOKMARK that
+        marks the end of the initial events, then each change."""
+        current = [{"type": "ADDED", "object": item} for item in self.slices.values()]
+        metadata = {
+            "resourceVersion": str(next(self._versions)),
+            "annotations": {INITIAL_EVENTS_END: "true"},
+        }
+        bookmark = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": metadata,
+        }
+        events = [*current, {"type": "BOOKMARK", "object": bookmark}]
+        return await self._stream(request, "resourceslices", events, selected)
 
     async def _create_slice(self, request: web.Request) -> web.Response:
         body, problem = await self._receive(request, "ResourceSlice")
@@ -388,7 +419,7 @@ class ApiServer:
             try:
                 async with asyncio.timeout(timeout):
                     while (event := await watch.queue.get()) is not None:
-                        if selected(event["object"]):
+                        if event["type"] == "BOOKMARK" or selected(event["object"]):
                             await response.write(json.dumps(event).encode() + b"\n")
             except TimeoutError:
                 pass
@@ -497,10 +528,11 @@ class ApiServer:
         return body, ""
 
     async def _receive(self, request: web.Request, kind: str) -> tuple[JsonObject, str]:
+        decoder = self._decoders.get(request.content_type)
         try:
-            body = json.loads(await request.read())
+            body = (decoder or json.loads)(await request.read())
         except ValueError as err:
-            return {}, f"body is not JSON: {err}"
+            return {}, f"body is not {request.content_type if decoder else 'JSON'}: {err}"
         if not isinstance(body, dict):
             return {}, "body is not an object"
         problem = _schema_problem(body, kind)
@@ -621,7 +653,12 @@ def _node_feature_problem(body: JsonObject) -> str:
 def _watching(request: web.Request) -> bool:
     """`watch` as the API server parses it (Go's strconv.ParseBool): "True" from the Python
     client counts as much as "1" or "true"."""
-    return request.query.get("watch", "") in ("1", "t", "T", "true", "TRUE", "True")
+    return _flag(request, "watch")
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    """A boolean query parameter as Go's strconv.ParseBool reads it."""
+    return request.query.get(name, "") in ("1", "t", "T", "true", "TRUE", "True")
 
 
 def _version(item: JsonObject) -> int:
