@@ -32,6 +32,11 @@ SHOWN_BY = {
     "Preferred allocation: policy and ties": "config/seed.yaml on a10-x8",
 }
 
+# The reference's device order comes from iterating a Go map, which is random: one run can
+# happen to keep the request's order (about one in ten here). Several runs make missing it
+# by chance negligible while a real change (order kept every time) still fails.
+RUNS_TO_SHOW = {"Device order: the request's, not a Go map's": 6}
+
 
 @pytest.fixture(scope="module")
 def binaries() -> Path:
@@ -68,15 +73,21 @@ def test_every_documented_difference_has_a_case_that_shows_it() -> None:
     assert set(SHOWN_BY) == {known.title for known in KNOWN}
     names = {case.name for case in compat.full_matrix()}
     assert set(SHOWN_BY.values()) <= names
+    assert set(RUNS_TO_SHOW) <= set(SHOWN_BY)
 
 
 @pytest.mark.parametrize("title", sorted(SHOWN_BY))
 def test_documented_difference_still_shows(title: str, binaries: Path) -> None:
     (case,) = [c for c in compat.full_matrix() if c.name == SHOWN_BY[title]]
-    (outcome,) = asyncio.run(compat.run([case], binaries))
-    assert _unexplained([outcome]) == []
-    shown = [d for d in outcome.differences if getattr(explain(d), "title", "") == title]
-    assert shown, f"{title!r} no longer shows in {case.name}: update docs/compatibility.md"
+    runs = RUNS_TO_SHOW.get(title, 1)
+    for _ in range(runs):
+        (outcome,) = asyncio.run(compat.run([case], binaries))
+        assert _unexplained([outcome]) == []
+        if any(getattr(explain(d), "title", "") == title for d in outcome.differences):
+            return
+    pytest.fail(
+        f"{title!r} no longer shows in {case.name} ({runs} runs): update docs/compatibility.md"
+    )
 
 
 def test_a_difference_nothing_documents_is_unexplained() -> None:
