@@ -11,7 +11,11 @@ a later request or a constraint cannot be met. A device is usable for a request 
   fails the claim, as in Kubernetes; selectors run only on devices the search reaches);
 - no other request of the claim holds it, and, unless the request asks for `adminAccess`, no
   earlier claim holds it without admin access (`allocate_all` allocates claims one after the
-  other, as claims already allocated leave their devices in use);
+  other, as claims already allocated leave their devices in use). A device with
+  `allowMultipleAllocations` is never held: any number of requests and claims share it;
+- its capacities take the request's `capacity.requests` (`explain.capacity`: rounded up by
+  the `requestPolicy`, within what earlier claims' and this claim's shares left); on a device
+  with `allowMultipleAllocations` the result is a share that keeps what it consumed;
 - every `NoSchedule` or `NoExecute` taint on it is tolerated by the request (`None` taints are
   ignored), as the scheduler checks with the DRADeviceTaints gate on;
 - it keeps every constraint over its request: `matchAttribute` (all devices of the named
@@ -28,6 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import field
 from typing import Any
 
+from deviceplugin.explain.capacity import Amounts, Capacity, Fit, adjustment, fit
 from deviceplugin.explain.resourceapi import Claim, Constraint, DeviceChoice, DeviceClass, Request
 from deviceplugin.explain.selectors import (
     Selector,
@@ -42,18 +47,21 @@ JsonObject = dict[str, Any]
 MAX_RESULTS = 32  # AllocationResultsMaxSize: devices per claim
 MAX_CHECKS = 1_000_000  # device checks before the search gives up
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
+_LISTED = 3  # devices named when saying why they lack capacity
 
 
 @record(frozen=True)
 class Candidate:
     """One published device: its name, what CEL selectors see, its attributes (for
-    constraints) and its taints."""
+    constraints), its taints, its capacities and whether it allows multiple allocations."""
 
     name: str
     driver: str
     cel: JsonObject
     attributes: Mapping[str, JsonObject]
     taints: tuple[Mapping[str, Any], ...] = ()
+    capacity: Mapping[str, Capacity] = field(default_factory=dict)
+    shared: bool = False  # allowMultipleAllocations
 
     @classmethod
     def of(cls, driver: str, device: JsonObject) -> Candidate:
@@ -64,6 +72,8 @@ class Candidate:
             cel=cel_device(driver, device),
             attributes=device.get("attributes") or {},
             taints=tuple(device.get("taints") or ()),
+            capacity={k: Capacity.of(v) for k, v in (device.get("capacity") or {}).items()},
+            shared=device.get("allowMultipleAllocations") is True,
         )
 
     def attribute(self, name: str) -> tuple[str, object] | None:
@@ -82,11 +92,14 @@ class Candidate:
 @record(frozen=True)
 class Allocation:
     """The devices per request (`<request>/<subrequest>` for a `firstAvailable` one), the value
-    each `matchAttribute` settled on; or `failure`, why not."""
+    each `matchAttribute` settled on, per request the shares among its devices (device ->
+    `consumedCapacity`) and what the scheduler adjusted; or `failure`, why not."""
 
     devices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     values: Mapping[str, object] = field(default_factory=dict)
     admin: tuple[str, ...] = ()  # requests allocated with admin access
+    shares: Mapping[str, Mapping[str, Amounts]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
     failure: str = ""
 
 
@@ -98,18 +111,24 @@ def select(selectors: Sequence[Selector], device: JsonObject) -> bool:
 def allocate_all(
     claims: Sequence[Claim], classes: Mapping[str, DeviceClass], devices: Sequence[Candidate]
 ) -> list[Allocation]:
-    """Each claim in turn; devices an earlier claim got (without admin access) are in use."""
+    """Each claim in turn; devices an earlier claim got (without admin access) are in use, and
+    its shares (without admin access) take their capacity from the shared devices."""
     in_use: set[str] = set()
+    used: dict[str, dict[str, int]] = {}
     allocations = []
     for claim in claims:
         try:
-            allocation = allocate(claim, classes, devices, in_use)
+            allocation = allocate(claim, classes, devices, in_use, used)
         except SelectorLimitError as err:
             raise SelectorLimitError(f"{claim.kind} {claim.name}: {err.path}", str(err)) from err
         allocations.append(allocation)
         for request, names in allocation.devices.items():
-            if request not in allocation.admin:
-                in_use.update(names)
+            if request in allocation.admin:
+                continue
+            shares = allocation.shares.get(request, {})
+            in_use.update(name for name in names if name not in shares)
+            for name, consumed in shares.items():
+                _add_amounts(used.setdefault(name, {}), consumed, 1)
     return allocations
 
 
@@ -118,13 +137,15 @@ def allocate(
     classes: Mapping[str, DeviceClass],
     devices: Sequence[Candidate],
     in_use: Collection[str] = (),
+    used: Mapping[str, Amounts] | None = None,
 ) -> Allocation:
-    """The claim's allocation on `devices` (in slice order), `in_use` held by other claims."""
+    """The claim's allocation on `devices` (in slice order), `in_use` held by other claims and
+    `used` (device -> capacity -> amount) consumed by their shares."""
     for request in claim.requests:
         for choice in request.choices:
             if choice.device_class not in classes:
                 return Allocation(failure=f"{choice.name}: no DeviceClass {choice.device_class}")
-    search = _Search(claim, classes, devices, frozenset(in_use))
+    search = _Search(claim, classes, devices, frozenset(in_use), used or {})
     try:
         found = search.request(0)
     except SelectorLimitError:
@@ -142,6 +163,8 @@ def allocate(
         devices={name: tuple(picked) for name, picked in search.picked.items()},
         values=search.settled(),
         admin=tuple(c.name for c in search.chosen if c.admin_access),
+        shares={name: dict(shares) for name, shares in search.shares.items() if shares},
+        notes=search.adjusted(),
     )
 
 
@@ -158,15 +181,20 @@ class _Search:
         classes: Mapping[str, DeviceClass],
         devices: Sequence[Candidate],
         in_use: frozenset[str],
+        used: Mapping[str, Amounts],
     ) -> None:
         self.claim = claim
         self.classes = classes
         self.devices = devices
         self.in_use = in_use
+        self.used = used  # by earlier claims' shares
         self.checks = 0
         self.selectable: dict[tuple[str, str], bool] = {}
-        self.held: set[str] = set()  # devices this claim holds so far
+        self.held: set[str] = set()  # devices this claim holds whole so far
+        self.results = 0  # devices and shares this claim holds so far
+        self.allocating: dict[str, dict[str, int]] = {}  # consumed by this claim's shares
         self.picked: dict[str, list[str]] = {}
+        self.shares: dict[str, dict[str, Amounts]] = {}  # per choice: device -> consumed
         self.chosen: list[DeviceChoice] = []
         # per constraint: the (type, value) of each device added, in order
         self.values: list[list[tuple[str, object]]] = [[] for _ in claim.constraints]
@@ -179,6 +207,7 @@ class _Search:
         for choice in request.choices:
             self.chosen.append(choice)
             self.picked[choice.name] = []
+            self.shares[choice.name] = {}
             if choice.count is None:
                 done = self._take_all(index, request, choice)
             else:
@@ -186,6 +215,7 @@ class _Search:
             if done:
                 return True
             del self.picked[choice.name]
+            del self.shares[choice.name]
             self.chosen.pop()
         return False
 
@@ -194,7 +224,7 @@ class _Search:
     ) -> bool:
         if need == 0:
             return self.request(index + 1)
-        if len(self.held) + need > MAX_RESULTS:
+        if self.results + need > MAX_RESULTS:
             return False
         eligible = [
             position
@@ -214,8 +244,14 @@ class _Search:
         return False
 
     def _take_all(self, index: int, request: Request, choice: DeviceChoice) -> bool:
-        every = [d for d in self.devices if self._selectable(choice, d)]
-        if not every or len(self.held) + len(every) > MAX_RESULTS:
+        # "All" means every device selected whose capacity could take the request before this
+        # claim took any (the allocator lists them before it allocates).
+        every = [
+            d
+            for d in self.devices
+            if self._selectable(choice, d) and not self._fit(choice, d, mine=False).problem
+        ]
+        if not every or self.results + len(every) > MAX_RESULTS:
             return False
         added = []
         for device in every:
@@ -238,7 +274,9 @@ class _Search:
             return False
         if not choice.admin_access and device.name in self.in_use:
             return False
-        if not self._selectable(choice, device) or not _tolerated(choice, device):
+        if not self._selectable(choice, device) or self._fit(choice, device).problem:
+            return False
+        if not _tolerated(choice, device):
             return False
         for constraint, values in self._applying(request, choice):
             value = device.attribute(constraint.attribute)
@@ -249,6 +287,14 @@ class _Search:
             if not constraint.distinct and values and values[0] != value:
                 return False
         return True
+
+    def _fit(self, choice: DeviceChoice, device: Candidate, mine: bool = True) -> Fit:
+        """The request's capacity on the device, after earlier claims' shares and (`mine`)
+        this claim's."""
+        used = dict(self.used.get(device.name, {}))
+        if mine:
+            _add_amounts(used, self.allocating.get(device.name, {}), 1)
+        return fit(choice.capacity, device.capacity, used)
 
     def _selectable(self, choice: DeviceChoice, device: Candidate) -> bool:
         """The class's selectors, then the request's (remembered per choice and device)."""
@@ -273,7 +319,13 @@ class _Search:
         ]
 
     def _add(self, request: Request, choice: DeviceChoice, device: Candidate) -> None:
-        self.held.add(device.name)
+        if device.shared:
+            consumed = self._fit(choice, device).consumed
+            self.shares[choice.name][device.name] = consumed
+            _add_amounts(self.allocating.setdefault(device.name, {}), consumed, 1)
+        else:
+            self.held.add(device.name)
+        self.results += 1
         self.picked[choice.name].append(device.name)
         for constraint, values in self._applying(request, choice):
             value = device.attribute(constraint.attribute)
@@ -281,7 +333,11 @@ class _Search:
             values.append(value)
 
     def _remove(self, request: Request, choice: DeviceChoice, device: Candidate) -> None:
+        consumed = self.shares[choice.name].pop(device.name, None)
+        if consumed is not None:
+            _add_amounts(self.allocating[device.name], consumed, -1)
         self.held.discard(device.name)
+        self.results -= 1
         self.picked[choice.name].remove(device.name)
         for _, values in self._applying(request, choice):
             values.pop()
@@ -292,6 +348,27 @@ class _Search:
             for constraint, values in zip(self.claim.constraints, self.values, strict=True)
             if not constraint.distinct and values
         }
+
+    def adjusted(self) -> tuple[str, ...]:
+        """What the scheduler made of the chosen requests' capacity: requests rounded up on a
+        share, and devices that took a capacity request whole."""
+        notes = []
+        for choice in self.chosen:
+            if not choice.capacity:
+                continue
+            for name in self.picked[choice.name]:
+                device = next(d for d in self.devices if d.name == name)
+                if name not in self.shares[choice.name]:
+                    notes.append(
+                        f"{choice.name}: {name} does not allow multiple allocations, so the"
+                        " capacity request only picks it: the claim gets all of it"
+                    )
+                    continue
+                for capacity, asked in sorted(choice.capacity.items()):
+                    why = adjustment(asked, device.capacity[capacity])
+                    if why:
+                        notes.append(f"{choice.name}: {name}: capacity {capacity}: {why}")
+        return tuple(notes)
 
     def why_not(self) -> str:
         """Per request: how many devices match, which of those it could not use, how many it
@@ -320,14 +397,26 @@ class _Search:
         """What one choice sees, and whether it could be met if it were the only one."""
         matching = [d for d in self.devices if self._selectable(choice, d)]
         tainted = [d for d in matching if not _tolerated(choice, d)]
-        busy = [] if choice.admin_access else [d for d in matching if d.name in self.in_use]
-        usable = len({d.name for d in matching} - {d.name for d in (*tainted, *busy)})
+        busy = [
+            d
+            for d in matching
+            if not choice.admin_access and not d.shared and d.name in self.in_use
+        ]
+        short = {
+            d.name: problem
+            for d in matching
+            if (problem := self._fit(choice, d, mine=False).problem)
+        }
+        if choice.count is None:  # "All" leaves out what lacks capacity; the rest must be usable
+            matching = [d for d in matching if d.name not in short]
+        usable = len({d.name for d in matching} - {d.name for d in (*tainted, *busy)} - set(short))
         wanted = "all" if choice.count is None else str(choice.count)
         part = f"{choice.name}: {wanted} wanted, {len(matching)} match"
         too_many = (choice.count or len(matching)) > MAX_RESULTS
         left_out = [
             f"{len(tainted)} tainted without a toleration" if tainted else "",
             f"{len(busy)} held by an earlier claim" if busy else "",
+            _lacking(short),
             f"a claim gets at most {MAX_RESULTS} devices" if too_many else "",
         ]
         if any(left_out):
@@ -337,6 +426,20 @@ class _Search:
         else:
             fits = choice.count <= min(usable, MAX_RESULTS)
         return part, fits
+
+
+def _lacking(short: Mapping[str, str]) -> str:
+    """The devices whose capacity cannot take the request, the first few with the reason."""
+    if not short:
+        return ""
+    named = "; ".join(f"{name}: {problem}" for name, problem in list(short.items())[:_LISTED])
+    more = f"; and {len(short) - _LISTED} more" if len(short) > _LISTED else ""
+    return f"{len(short)} without the capacity: {named}{more}"
+
+
+def _add_amounts(into: dict[str, int], amounts: Amounts, sign: int) -> None:
+    for name, amount in amounts.items():
+        into[name] = into.get(name, 0) + sign * amount
 
 
 def _applies(constraint: Constraint, request: Request, choice: DeviceChoice) -> bool:

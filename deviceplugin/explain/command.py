@@ -31,7 +31,7 @@ from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
 from deviceplugin.explain.selectors import SelectorError, SelectorLimitError
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
-from deviceplugin.model.slices import build_devices
+from deviceplugin.model.slices import build_devices, quantity
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.model.yamlimport import yaml
 from deviceplugin.node.configread import load_config
@@ -203,9 +203,10 @@ def render(report: JsonObject) -> str:
             lines.append(f"{title}: cannot be allocated: {claim['failure']}")
         else:
             lines.append(f"{title}: would be allocated")
-            for request, names in claim["devices"].items():
+            for request in claim["devices"]:
                 admin = " (admin access)" if request in claim["adminAccess"] else ""
-                lines.append(f"  {request}: {', '.join(names)}{admin}")
+                picked = [_device(r) for r in claim["results"] if r["request"] == request]
+                lines.append(f"  {request}: {', '.join(picked)}{admin}")
             for attribute, value in claim["values"].items():
                 lines.append(f"  matchAttribute {attribute} = {value}")
         lines.extend(f"  note: {note}" for note in claim["notes"])
@@ -230,11 +231,35 @@ def _allocation(claim: Claim, allocation: Allocation) -> JsonObject:
         "name": claim.name,
         "apiVersion": claim.api_version,
         "devices": {request: list(names) for request, names in allocation.devices.items()},
+        "results": _results(allocation),
         "values": dict(allocation.values),
         "adminAccess": list(allocation.admin),
         "failure": allocation.failure,
-        "notes": list(claim.notes),
+        "notes": [*claim.notes, *allocation.notes],
     }
+
+
+def _results(allocation: Allocation) -> list[JsonObject]:
+    """One entry per device or share, as `status.allocation.devices.results` would hold it: a
+    share (on a device with allowMultipleAllocations) gets a shareID and its consumedCapacity."""
+    results = []
+    for request, names in allocation.devices.items():
+        shares = allocation.shares.get(request, {})
+        for name in names:
+            result: JsonObject = {"request": request, "device": name, "share": name in shares}
+            if name in shares:
+                consumed = shares[name]
+                result["consumedCapacity"] = {k: quantity(v) for k, v in sorted(consumed.items())}
+            results.append(result)
+    return results
+
+
+def _device(result: JsonObject) -> str:
+    """`gpu-0`, or for a share `gpu-0 (share: memory 20Gi)`."""
+    if not result["share"]:
+        return str(result["device"])
+    consumed = ", ".join(f"{k} {v}" for k, v in result["consumedCapacity"].items())
+    return f"{result['device']} (share: {consumed})"
 
 
 def _cell(value: bool | str) -> str:

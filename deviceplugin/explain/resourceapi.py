@@ -12,8 +12,9 @@ values for `dra.claims`; every problem is reported with its field path, in the t
 document's own version, and nothing but ConfigError ever leaves.
 
 What a claim holds that the simulation leaves out, or that the server would quietly default, is
-kept as a note on the claim (`count: 0`, consumable `capacity`, `derivedAttributes`, the
-namespace label `adminAccess` needs), so a report can name it.
+kept as a note on the claim (`count: 0`, `derivedAttributes`, the namespace label
+`adminAccess` needs), so a report can name it. A request's consumable `capacity.requests` are
+read as whole quantities (bytes), keyed by the capacity's name as written.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import field
 from typing import Any, TypeVar
 
 from deviceplugin.explain.selectors import Selector, SelectorError
@@ -31,6 +33,7 @@ from deviceplugin.model.kubenames import (
     dns_subdomain_problem,
     is_extended_resource_name,
 )
+from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.model.record import record
 
 GROUP = "resource.k8s.io"
@@ -115,6 +118,7 @@ class DeviceChoice:
     count: int | None = 1  # None: allocationMode All
     admin_access: bool = False
     tolerations: tuple[Toleration, ...] = ()
+    capacity: Mapping[str, int] = field(default_factory=dict)  # capacity.requests
 
 
 @record(frozen=True)
@@ -405,9 +409,7 @@ def _choice(
             f" {ADMIN_NAMESPACE_LABEL}=true (not checked here)"
         )
     tolerations = _tolerations(fields, at, problems)
-    if fields.get("capacity") is not None:
-        _mapping(fields.get("capacity"), f"{at}.capacity", problems, ("requests",))
-        notes.append(f"{at}.capacity: consumable capacity is not simulated (devices go whole)")
+    capacity = _capacity(fields, at, problems)
     if fields.get("derivedAttributes") is not None:
         _list(fields, "derivedAttributes", at, problems, 32)
         notes.append(
@@ -421,7 +423,26 @@ def _choice(
         count=None if mode == "All" else (count or 1),
         admin_access=bool(admin),
         tolerations=tolerations,
+        capacity=capacity,
     )
+
+
+def _capacity(fields: Mapping[str, Any], at: str, problems: Problems) -> dict[str, int]:
+    """`capacity.requests`: capacity name -> quantity, as whole numbers rounded up."""
+    capacity = _mapping(fields.get("capacity"), f"{at}.capacity", problems, ("requests",))
+    path = f"{at}.capacity.requests"
+    requests = _mapping(capacity.get("requests"), path, problems, None)
+    amounts = {}
+    for name, value in requests.items():
+        where = f"{path}[{name}]"
+        _check_capacity_name(name, where, problems)
+        try:
+            if isinstance(value, bool) or not isinstance(value, str | int | float):
+                raise ValueError(value)
+            amounts[name] = parse_quantity(str(value))
+        except ValueError:
+            problems.append((where, f"must be a quantity (20Gi), got {describe(value)}"))
+    return amounts
 
 
 def _tolerations(fields: Mapping[str, Any], at: str, problems: Problems) -> tuple[Toleration, ...]:
@@ -686,6 +707,24 @@ def _check_qualified_attribute(name: str, path: str, problems: Problems) -> None
                 path,
                 f"'{name}' must be a domain and an attribute name joined by '/'"
                 " (nvidia.com/parentUUID)",
+            )
+        )
+
+
+def _check_capacity_name(name: str, path: str, problems: Problems) -> None:
+    """A QualifiedName: a C identifier, or a domain and one joined by '/'."""
+    domain, slash, identifier = name.rpartition("/")
+    valid = (
+        (not slash or (len(domain) <= 63 and _DRIVER_NAME.fullmatch(domain) is not None))
+        and len(identifier) <= 32
+        and _C_IDENTIFIER.fullmatch(identifier) is not None
+    )
+    if not valid:
+        problems.append(
+            (
+                path,
+                f"'{name}' must be a capacity name: a C identifier (memory), or a domain and"
+                " one joined by '/' (gpu.nvidia.com/memory)",
             )
         )
 
