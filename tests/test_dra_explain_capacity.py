@@ -236,6 +236,22 @@ def test_all_mode_takes_a_share_of_every_gpu_with_room(
     assert shares(big) == [("gpu-5", "75Gi")]
     # gpu-5 has 5Gi left: "All" leaves it out rather than failing
     assert shares(every) == [("gpu-4", "10Gi"), ("gpu-6", "10Gi"), ("gpu-7", "10Gi")]
+    (none,) = explain(capsys, tmp_path, claim("none", request(memory="81Gi", allocationMode="All")))
+    assert none["failure"].startswith("not enough devices (gpu: all wanted, 0 match (4 without")
+
+
+def test_a_share_with_admin_access_leaves_the_capacity_to_later_claims(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    uuid = gpu_uuid(A100, 6)
+    monitor, owner = explain(
+        capsys,
+        tmp_path,
+        claim("monitor", request(memory="80Gi", uuid=uuid, adminAccess=True)),
+        claim("owner", request(memory="80Gi", uuid=uuid)),
+    )
+    assert shares(monitor) == [("gpu-6", "80Gi")] and monitor["adminAccess"] == ["gpu"]
+    assert shares(owner) == [("gpu-6", "80Gi")]
 
 
 @pytest.mark.parametrize(

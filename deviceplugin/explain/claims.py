@@ -396,12 +396,6 @@ class _Search:
     def _alone(self, choice: DeviceChoice) -> tuple[str, bool]:
         """What one choice sees, and whether it could be met if it were the only one."""
         matching = [d for d in self.devices if self._selectable(choice, d)]
-        tainted = [d for d in matching if not _tolerated(choice, d)]
-        busy = [
-            d
-            for d in matching
-            if not choice.admin_access and not d.shared and d.name in self.in_use
-        ]
         short = {
             d.name: problem
             for d in matching
@@ -409,6 +403,8 @@ class _Search:
         }
         if choice.count is None:  # "All" leaves out what lacks capacity; the rest must be usable
             matching = [d for d in matching if d.name not in short]
+        tainted = [d for d in matching if not _tolerated(choice, d)]
+        busy = [] if choice.admin_access else [d for d in matching if d.name in self.in_use]
         usable = len({d.name for d in matching} - {d.name for d in (*tainted, *busy)} - set(short))
         wanted = "all" if choice.count is None else str(choice.count)
         part = f"{choice.name}: {wanted} wanted, {len(matching)} match"
