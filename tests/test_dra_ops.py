@@ -215,10 +215,12 @@ def test_ready_once_registered_and_published_and_not_while_the_api_server_is_gon
 def test_without_a_plugin_watcher_serving_on_both_sockets_is_enough() -> None:
     async def body() -> None:
         async with running(plugin_watcher=False, register=False) as node:
+            await until(lambda: not node.driver.status().not_ready)  # the first publish
             assert await node.get("/readyz") == (200, "ready\n")
             node.driver.dra_socket.unlink()
             assert node.driver.status().not_ready == ["not serving: a socket is missing"]
             await until(lambda: node.driver.dra_socket.exists())  # the periodic check heals it
+            await until(lambda: not node.driver.status().not_ready)
             assert await node.get("/readyz") == (200, "ready\n")
 
     run(body)

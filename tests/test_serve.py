@@ -167,7 +167,7 @@ def test_plugin_waits_for_a_kubelet_that_is_not_up_yet() -> None:
             kubelet: KubeletEmulator = plugin.kubelet
             await kubelet.start()
             await plugin.until(
-                lambda: kubelet.allocatable(MIG) == 28 and kubelet.allocatable(GPU) == 8, timeout=3
+                lambda: kubelet.allocatable(MIG) == 28 and kubelet.allocatable(GPU) == 8, timeout=15
             )
             await plugin.until(lambda: plugin.supervisor.status().ready)
 
