@@ -81,7 +81,9 @@ def test_a_refused_limit_fails_the_hook_and_leaves_nothing(
     if gpu == "whole":
         gpu = n.nvmlDeviceGetUUID(handle)
     elif gpu == "mig":
-        gpu = n.nvmlDeviceGetUUID(n.nvmlDeviceGetMigDeviceHandleByIndex(n.nvmlDeviceGetHandleByIndex(0), 0))
+        gpu = n.nvmlDeviceGetUUID(
+            n.nvmlDeviceGetMigDeviceHandleByIndex(n.nvmlDeviceGetHandleByIndex(0), 0)
+        )
     done = hook(root, gpu, limit, claim)
     assert done.returncode == 1
     assert done.stderr.startswith("memory-limit-hook: ") and message in done.stderr, done.stderr
@@ -92,8 +94,15 @@ def test_a_refused_limit_fails_the_hook_and_leaves_nothing(
 
 def test_a_library_without_the_call_fails_the_hook(root: Path, tmp_path: Path) -> None:
     done = subprocess.run(
-        [str(hook_program()), "/lib/x86_64-linux-gnu/libc.so.6", str(tmp_path / "records")]
-        + [CLAIM, SHARE, "GPU-x", str(GIB)],
+        [
+            str(hook_program()),
+            "/lib/x86_64-linux-gnu/libc.so.6",
+            str(tmp_path / "records"),
+            CLAIM,
+            SHARE,
+            "GPU-x",
+            str(GIB),
+        ],
         input="{}",
         capture_output=True,
         text=True,

@@ -179,7 +179,7 @@ def test_a_gpu_whose_nvml_lacks_the_call_answers_not_supported(tmp_path: Path) -
         "    name: NVIDIA A100-SXM4-80GB\n"
         "    memoryMiB: 81920\n"
         '    pciBusId: "00000000:07:00.0"\n'
-        "    notSupported: [nvmlDeviceSetMemoryLimits, nvmlDeviceGetMemoryLimits]\n"
+        "    notSupported: [nvmlDeviceSetMemoryLimits_v1, nvmlDeviceGetMemoryLimits_v1]\n"
     )
     nvml = opened(sim_root(str(node), tmp_path / "root"))
     gpu = n.nvmlDeviceGetHandleByIndex(0)

@@ -22,8 +22,8 @@
 
 #define LIMITS_FILE "memory-limits.json"
 #define LIMITS_LOCK "memory-limits.lock"
-#define SET_CALL "nvmlDeviceSetMemoryLimits"
-#define GET_CALL "nvmlDeviceGetMemoryLimits"
+#define SET_CALL "nvmlDeviceSetMemoryLimits_v1"
+#define GET_CALL "nvmlDeviceGetMemoryLimits_v1"
 
 typedef struct {
     char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
