@@ -48,6 +48,13 @@ from deviceplugin.dra.coexistence import conflict_message, live_device_plugins
 from deviceplugin.dra.devicehealth import HealthReporter, device_states
 from deviceplugin.dra.failpoints import Failpoints
 from deviceplugin.dra.kubeapi import KubeApi, connect
+from deviceplugin.dra.memorylimits import (
+    RECORDS_DIR,
+    LimitHook,
+    clear_claim,
+    install_hook,
+    nvml_library,
+)
 from deviceplugin.dra.plugin import DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
@@ -61,6 +68,7 @@ from deviceplugin.dra.slicewatch import SliceWatch
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
+from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostscan import scan_host
@@ -73,6 +81,7 @@ from deviceplugin.runtime.engine import (
 )
 from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import DraServeOptions
+from deviceplugin.sim.libbuild import BuildError, hook_program
 
 if TYPE_CHECKING:
     from deviceplugin.ops.http import EndpointServer
@@ -165,6 +174,7 @@ class DraDriver:
             self.node,
             devices,
             failpoints,
+            self._clear_limits,
         )
         await self.preparer.load()
         await self._report_health()
@@ -355,7 +365,8 @@ class DraDriver:
             log_event(logger, "dra.device_plugin.gone", hint="publishing this node's devices")
 
     async def _node_devices(self, config: Config, inventory: Inventory) -> NodeDevices:
-        """The published devices with the host facts a claim's CDI spec needs, read now."""
+        """The published devices with the host facts a claim's CDI spec needs, read now; with
+        memory shares, the hook that caps them and the GPUs whose NVML can."""
         options = CdiOptions.from_config(config)
         scan = await asyncio.to_thread(
             scan_host,
@@ -364,7 +375,47 @@ class DraDriver:
             options.dev_root,
             self.engine.proc_root,
         )
-        return NodeDevices.build(inventory, scan, options, self.memory_shares)
+        if not self.memory_shares:
+            return NodeDevices.build(inventory, scan, options)
+        library = nvml_library(scan.libraries, options.driver_root)
+        hook = await asyncio.to_thread(self._install_hook, library)
+        limited = await asyncio.to_thread(self._limited, inventory)
+        return NodeDevices.build(inventory, scan, options, True, hook, limited)
+
+    def _install_hook(self, library: str | None) -> LimitHook | None:
+        """The memory-limit hook copied onto the host (a thread); None, logged, when it cannot
+        be: shares are then refused at Prepare."""
+        if library is None:
+            why = "no libnvidia-ml under the driver root for the hook to load"
+        else:
+            try:
+                return install_hook(hook_program(), self.dra_socket.parent, library)
+            except (BuildError, OSError) as err:
+                why = str(err)
+        log_event(logger, "dra.limit_hook.unavailable", logging.ERROR, error=why)
+        return None
+
+    def _limited(self, inventory: Inventory) -> frozenset[str]:
+        """The whole GPUs whose NVML sets per-cgroup memory limits (a thread)."""
+        nvml = self.engine.nvml
+        found = set()
+        for gpu in inventory.gpus:
+            try:
+                if nvml is not None and nvml.memory_limits_supported(gpu.uuid):
+                    found.add(gpu.uuid)
+            except NvmlError as err:
+                log_event(
+                    logger, "dra.limit_check.failed", logging.WARNING, gpu=gpu.uuid, error=str(err)
+                )
+        return frozenset(found)
+
+    def _clear_limits(self, claim_uid: str) -> str:
+        """The share caps of a claim cleared through this driver's NVML (a thread)."""
+        nvml = self.engine.nvml
+        records = self.dra_socket.parent / RECORDS_DIR
+        if nvml is None or not records.is_dir():
+            return ""
+        return clear_claim(records, claim_uid, nvml.clear_memory_limit)
 
     async def _report_health(self) -> None:
         """The kubelet's health streams (`devicehealth.py`) get the devices' health now."""

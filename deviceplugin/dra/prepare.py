@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,6 +60,7 @@ from deviceplugin.dra.failpoints import (
     UNPREPARE_AFTER_CDI_SPEC_REMOVED,
     Failpoints,
 )
+from deviceplugin.dra.memorylimits import LimitHook
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
     EXCLUSIVE,
@@ -83,7 +84,7 @@ from deviceplugin.model.devices import Gpu, Inventory, MigDevice
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from deviceplugin.model.log import log_event
-from deviceplugin.model.memoryshares import MEMORY_LIMIT_ENV
+from deviceplugin.model.memoryshares import MEMORY, MEMORY_LIMIT_ENV
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import device_name, physical_devices
 from deviceplugin.node.cdiwriter import SpecWriter, describe
@@ -170,6 +171,8 @@ class NodeDevices:
     scan: HostScan
     options: CdiOptions
     memory_shares: bool = False  # whole GPUs are published shareable by memory
+    limit_hook: LimitHook | None = None  # what caps a share (memorylimits.py)
+    limited: frozenset[str] = frozenset()  # GPU UUIDs whose NVML has per-cgroup memory limits
 
     @property
     def cdi(self) -> tuple[HostScan, CdiOptions]:
@@ -177,12 +180,18 @@ class NodeDevices:
 
     @classmethod
     def build(
-        cls, inventory: Inventory, scan: HostScan, options: CdiOptions, memory_shares: bool = False
+        cls,
+        inventory: Inventory,
+        scan: HostScan,
+        options: CdiOptions,
+        memory_shares: bool = False,
+        limit_hook: LimitHook | None = None,
+        limited: frozenset[str] = frozenset(),
     ) -> NodeDevices:
         """Only devices the slices publish: a MIG-enabled GPU is published as its MIG devices,
         not whole, so its own name is unknown here too."""
         by_name = {device_name(gpu, mig): (gpu, mig) for gpu, mig in physical_devices(inventory)}
-        return cls(by_name, scan, options, memory_shares)
+        return cls(by_name, scan, options, memory_shares, limit_hook, limited)
 
 
 def _refused(claims: Sequence[ClaimRef]) -> dict[str, str]:
@@ -224,6 +233,7 @@ class Preparer:
         pool: str,
         devices: NodeDevices,
         failpoints: Failpoints | None = None,
+        clear_limits: Callable[[str], str] | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -232,6 +242,7 @@ class Preparer:
         self._checkpoint = checkpoint
         self._devices = devices
         self._failpoints = failpoints or Failpoints()
+        self._clear_limits = clear_limits  # a claim's share caps cleared; why not, or ""
         self._claims: dict[str, PreparedClaim] = {}
         self.unusable: CheckpointUnusable | None = None  # checkpoints set aside since start
         self._lock = asyncio.Lock()
@@ -333,6 +344,11 @@ class Preparer:
                     if ref.uid in errors:
                         continue
                     path = self.spec_path(ref.uid)
+                    if self._clear_limits is not None:  # the containers have stopped
+                        why = await asyncio.to_thread(self._clear_limits, ref.uid)
+                        if why:
+                            errors[ref.uid] = why
+                            continue
                     try:
                         await asyncio.to_thread(SpecWriter(path).remove)
                     except OSError as err:
@@ -529,6 +545,9 @@ class Preparer:
         env = device_env(name, settings, admin, share)
         if limit is not None:
             env.append(f"{MEMORY_LIMIT_ENV}={limit}")
+            edits["hooks"] = [
+                self._cap(f"{where}.consumedCapacity.{MEMORY}", ref, share, found[0], limit)
+            ]
         if env:
             edits["env"] = env
         cdi_name = cdi_device_name(ref.uid, name, share)
@@ -544,6 +563,20 @@ class Preparer:
         )
         _check_neighbours(ref, device, settings, others)
         return device, cdi_name, edits
+
+    def _cap(self, field: str, ref: ClaimRef, share: str, gpu: Gpu, limit: int) -> JsonObject:
+        """The hook that caps a share; PrepareError when this GPU's cap cannot be set."""
+        hook = self._devices.limit_hook
+        if hook is None:
+            why = "this driver has no memory-limit hook installed (see its start-up log)"
+        elif gpu.uuid not in self._devices.limited:
+            why = (
+                f"the NVML of {gpu.uuid} has no per-cgroup memory limits"
+                " (nvmlDeviceSetMemoryLimits_v1)"
+            )
+        else:
+            return hook.edit(ref.uid, share, gpu.uuid, limit)
+        raise PrepareError(f"{field}: a share cannot be capped: {why}", INVALID_CONFIG)
 
     def _spec(self, edits: Mapping[str, JsonObject]) -> JsonObject:
         spec: JsonObject = {

@@ -41,6 +41,8 @@ ERROR_TIMEOUT = 10
 ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
+_ERROR_OPERATING_SYSTEM = 17
+MEMORY_LIMIT_MAX = (1 << 64) - 1  # NVML_DEVICE_MEMORY_LIMIT_MAX: no limit
 _SUCCESS = 0
 _MIG_ENABLE = 1
 _NVLINK_MAX_LINKS = 36  # links past a GPU's own count answer an error and are skipped
@@ -414,6 +416,41 @@ class Nvml:
                 continue
             uuids[_handle_key(handle)] = uuid
         return EventSet(self, raw, uuids), failed
+
+    # --- per-cgroup memory limits (a memory share's cap) ---------------------------------------
+
+    def memory_limits_supported(self, gpu_uuid: str) -> bool:
+        """Whether this GPU's NVML has per-cgroup memory limits: a read of the root cgroup's
+        that is refused as unsupported (or a library without the call) says no; any other
+        answer (none set, the path not a cgroup) says yes."""
+        nvml = self._nvml
+        with self.errors(f"reading the memory limits of {gpu_uuid}"):
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            limits = nvml.c_nvmlGetMemoryLimits_v1_t()
+            limits.nameSpace = b"/sys/fs/cgroup"
+            try:
+                nvml.nvmlDeviceGetMemoryLimits_v1(handle, limits)
+            except nvml.NVMLError as err:
+                code = getattr(err, "value", None)
+                if code in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND):
+                    return False
+                if code not in (ERROR_NOT_FOUND, _ERROR_OPERATING_SYSTEM):
+                    raise
+        return True
+
+    def clear_memory_limit(self, gpu_uuid: str, name_space: str) -> None:
+        """Clear the limit a cgroup has on a GPU; a cgroup that is gone has none left."""
+        nvml = self._nvml
+        with self.errors(f"clearing the memory limit of {name_space} on {gpu_uuid}"):
+            handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            limits = nvml.c_nvmlSetMemoryLimits_v1_t()
+            limits.nameSpace = name_space.encode()
+            limits.softLimit, limits.hardLimit = 0, MEMORY_LIMIT_MAX
+            try:
+                nvml.nvmlDeviceSetMemoryLimits_v1(handle, limits)
+            except nvml.NVMLError as err:
+                if getattr(err, "value", None) != _ERROR_OPERATING_SYSTEM:
+                    raise
 
     def probe(self, gpu_uuid: str) -> Probe:
         """Check one GPU. NVML failures become fields of the answer, never exceptions."""

@@ -38,12 +38,15 @@ class FakeNvml:
     """The simulated NVML library; pass it wherever the `pynvml` module is expected."""
 
     NVMLError = s.NVMLError
+    c_nvmlSetMemoryLimits_v1_t = s.MemoryLimits
+    c_nvmlGetMemoryLimits_v1_t = s.MemoryLimits
 
     def __init__(self, node: str, events_path: str | None = None) -> None:
         calls = [name for name in dir(type(self)) if name.startswith("nvml")]
         self._world = World(node, events_path, calls)
         self._lock = self._world.lock
         self._init_count = 0
+        self._limits: dict[tuple[str, bytes], tuple[int, int]] = {}
 
     def reload(self) -> None:
         """Re-read the node file now; raises ConfigError when it is invalid."""
@@ -179,6 +182,31 @@ class FakeNvml:
             gpu, mig = self._device(handle, "nvmlDeviceGetMemoryInfo")
             mib = gpu.memory_mib if mig is None else mig.shape.gpu_instance.memory_mib
             return s.Memory(total=mib * _MIB, free=mib * _MIB, used=0)
+
+    def nvmlDeviceSetMemoryLimits_v1(self, handle: Any, limits: s.MemoryLimits) -> None:
+        """Kept per (GPU, cgroup path) for GetMemoryLimits_v1; MIG handles are refused. The C
+        library (limits.c) also checks the cgroup and the values; the fake keeps only this."""
+        with self._lock:
+            gpu = self._limited(handle, "nvmlDeviceSetMemoryLimits_v1")
+            key = (gpu.uuid, limits.nameSpace)
+            if limits.softLimit == 0 and limits.hardLimit == (1 << 64) - 1:
+                self._limits.pop(key, None)
+            else:
+                self._limits[key] = (limits.softLimit, limits.hardLimit)
+
+    def nvmlDeviceGetMemoryLimits_v1(self, handle: Any, limits: s.MemoryLimits) -> None:
+        with self._lock:
+            gpu = self._limited(handle, "nvmlDeviceGetMemoryLimits_v1")
+            found = self._limits.get((gpu.uuid, limits.nameSpace))
+            if found is None:
+                raise s.NVMLError_NotFound()
+            limits.softLimit, limits.hardLimit = found
+
+    def _limited(self, handle: Any, call: str) -> SimGpu:
+        gpu = self._gpu(handle, call)
+        if handle.mig_uuid is not None:
+            raise s.NVMLError_NotSupported()
+        return gpu
 
     def nvmlDeviceGetMinorNumber(self, handle: Any) -> int:
         with self._lock:

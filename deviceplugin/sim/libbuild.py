@@ -7,8 +7,13 @@ lazily, as go-nvml does, would die on a missing one). Builds are cached under
 `${XDG_CACHE_HOME:-~/.cache}/deviceplugin/nvml-sim/<hash of sources, header and flags>/`.
 An installed package that carries a prebuilt library (the container image) uses that one.
 
-`python -m deviceplugin.sim.libbuild [--into DIR]` builds and prints the library's path (with
-`--into`, copies it there first: `image/build.sh` ships it inside the wheel).
+The DRA driver's memory-limit hook (`node/native/memory_limit_hook.c`, a createContainer hook
+that calls NVML, so it is C compiled against the same header) is built the same way, cached
+beside the library, and packaged the same way (`hook_program()`).
+
+`python -m deviceplugin.sim.libbuild [--into DIR] [--hook-into DIR]` builds and prints the
+library's path (with `--into`, copies it there first: `image/build.sh` ships it inside the
+wheel; `--hook-into` does the same for the hook).
 """
 
 from __future__ import annotations
@@ -38,7 +43,14 @@ SOURCES = (
     "device.c",
     "mig.c",
     "state.c",
+    "limits.c",
 )
+# The cgroup rule the simulation shares with the memory-limit hook (deviceplugin/node/native/).
+SHARED_DIR = NATIVE_DIR.parent.parent / "node" / "native"
+SHARED_SOURCES = ("cgroup.c",)
+HOOK_NAME = "memory-limit-hook"
+HOOK_SOURCE = "memory_limit_hook.c"
+PACKAGED_HOOK = SHARED_DIR / HOOK_NAME
 CFLAGS = ("-std=c11", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
 FUZZ_FLAGS = ("-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all")
 SANITIZERS = {
@@ -133,6 +145,29 @@ def build() -> Path:
     return target
 
 
+def hook_program() -> Path:
+    """The memory-limit hook: the one packaged with this install, else a cached build."""
+    if PACKAGED_HOOK.is_file():
+        return PACKAGED_HOOK
+    header = nvml_header()
+    sources = tuple(SHARED_DIR / name for name in (HOOK_SOURCE, *SHARED_SOURCES))
+    digest = hashlib.sha256()
+    for path in (header, Path(__file__), *sources, *sorted(SHARED_DIR.glob("*.h"))):
+        digest.update(path.read_bytes())
+    target = _cache_dir() / f"hook-{digest.hexdigest()[:20]}" / HOOK_NAME
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        output = Path(scratch) / HOOK_NAME
+        _gcc(
+            *CFLAGS, f"-I{header.parent}", f"-I{SHARED_DIR}", *map(str, sources), "-ldl",
+            "-o", str(output),
+        )  # fmt: skip
+        output.rename(target)  # atomic: a racing build writes the same bytes
+    return target
+
+
 def sanitized_program(main_source: Path, output: Path, sanitizer: str = "address") -> Path:
     """`main_source` linked with the library's sources under AddressSanitizer and UBSan
     ("address") or ThreadSanitizer ("thread"): an executable that tests the simulation with
@@ -161,7 +196,9 @@ def _compile(
         *flags,
         f"-I{header.parent}",
         f"-I{NATIVE_DIR}",
+        f"-I{SHARED_DIR}",
         *(str(NATIVE_DIR / name) for name in SOURCES),
+        *(str(SHARED_DIR / name) for name in SHARED_SOURCES),
         str(stubs),
         *arguments,
         compiler=cc,
@@ -211,9 +248,10 @@ def _key(header: Path, flags: tuple[str, ...]) -> str:
         Path(__file__),
         NATIVE_DIR / "exports.map",
         *(NATIVE_DIR / n for n in SOURCES),
+        *(SHARED_DIR / n for n in SHARED_SOURCES),
     ):
         digest.update(path.read_bytes())
-    for path in sorted(NATIVE_DIR.glob("*.h")):
+    for path in sorted([*NATIVE_DIR.glob("*.h"), *SHARED_DIR.glob("*.h")]):
         digest.update(path.read_bytes())
     digest.update(" ".join(flags).encode())
     return digest.hexdigest()[:20]
@@ -240,14 +278,18 @@ def _gcc(*arguments: str, compiler: str | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deviceplugin.sim.libbuild")
     parser.add_argument("--into", help="copy the built library into this folder")
+    parser.add_argument("--hook-into", help="copy the built memory-limit hook into this folder")
     options = parser.parse_args(argv)
     try:
         path = build()
+        hook = hook_program() if options.hook_into else None
     except BuildError as err:
         print(f"libbuild: {err}", file=sys.stderr)
         return 1
     if options.into:
         path = Path(shutil.copy2(path, Path(options.into) / LIBRARY_NAME))
+    if hook is not None and hook != Path(options.hook_into) / HOOK_NAME:
+        shutil.copy2(hook, Path(options.hook_into) / HOOK_NAME)
     print(path)
     return 0
 

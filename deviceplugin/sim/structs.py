@@ -268,6 +268,14 @@ class Memory:
     used: int
 
 
+class MemoryLimits:
+    """c_nvmlSetMemoryLimits_v1_t and c_nvmlGetMemoryLimits_v1_t: filled in by the caller."""
+
+    def __init__(self) -> None:
+        self.nameSpace = b""
+        self.softLimit = self.hardLimit = self.currentUsed = 0
+
+
 @record(frozen=True)
 class DeviceAttributes:
     """c_nvmlDeviceAttributes of a MIG device."""

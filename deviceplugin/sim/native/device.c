@@ -73,7 +73,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *
 nvmlReturn_t DECLDIR nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t *memory) {
     DEVICE(device, memory, "nvmlDeviceGetMemoryInfo",
            if (memory->version != nvmlMemory_v2) result = NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
-           else { memory->total = memory->free = memory_bytes(gpu, mig); memory->reserved = memory->used = 0; });
+           else {
+               /* Inside a cgroup with a limit on this GPU the limit is the memory (limits.c). */
+               unsigned long long limit;
+               memory->total = memory->free = !mig && sim_memory_limit(gpu, &limit) ? limit : memory_bytes(gpu, mig);
+               memory->reserved = memory->used = 0;
+           });
 }
 
 static unsigned hex_field(const char **text) {

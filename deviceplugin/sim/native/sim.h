@@ -7,6 +7,8 @@
 #include <nvml.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <sys/stat.h>
 
 #define SIM_MAX_GPUS 64
 #define SIM_MAX_MIGS 64
@@ -120,6 +122,19 @@ int sim_state_lock(void);
 nvmlReturn_t sim_state_commit(int lock);
 void sim_state_unlock(int lock);
 void sim_new_mig_uuid(const sim_gpu *gpu, const sim_mig *mig, char *out, size_t size);
+/* state.c: what every state file under the sim-root shares. `name` beside the events file; an
+ * exclusive flock of a lock file (-1: none); the text of a file changed since `seen` (NULL: not
+ * changed, or unreadable, complained about); a file replaced atomically, `seen` updated (0 with
+ * errno); a JSON string. */
+int sim_state_file(char *out, size_t size, const char *name);
+int sim_file_lock(const char *path);
+char *sim_file_read_changed(const char *path, struct stat *seen, size_t *length, const char *what);
+int sim_file_replace(const char *path, const char *text, size_t length, struct stat *seen);
+void sim_json_string(FILE *out, const char *text);
+
+/* limits.c: the hard memory limit of the calling process's cgroup on `gpu`, under sim_lock; 0
+ * when it has none. */
+int sim_memory_limit(const sim_gpu *gpu, unsigned long long *hard);
 
 /* check.c: what the node's parts must agree on (unique ids, MIG layout); 0 with a message. */
 int sim_node_check(const sim_node *node, char *error, size_t size);

@@ -30,17 +30,24 @@
 #define CAP_MINOR(gpu, gi) (3u + 135u * (gpu) + 9u * (gi))
 
 static char state_path[PATH_MAX], lock_path[PATH_MAX], caps_root[PATH_MAX], proc_driver[PATH_MAX];
+static char state_dir[PATH_MAX];
 static struct stat applied; /* the state file last applied; st_ino 0: none */
 
 void sim_state_paths(const char *events) {
     const char *slash = strrchr(events, '/');
     int dir = slash ? (int)(slash - events) : 1;
     const char *base = slash ? events : ".";
-    if (snprintf(state_path, sizeof state_path, "%.*s/" STATE_FILE, dir, base) >= (int)sizeof state_path ||
-        snprintf(lock_path, sizeof lock_path, "%.*s/" LOCK_FILE, dir, base) >= (int)sizeof lock_path ||
-        snprintf(proc_driver, sizeof proc_driver, "%.*s/../../proc/driver", dir, base) >= (int)sizeof proc_driver ||
+    if (snprintf(state_dir, sizeof state_dir, "%.*s", dir, base) >= (int)sizeof state_dir ||
+        !sim_state_file(state_path, sizeof state_path, STATE_FILE) ||
+        !sim_state_file(lock_path, sizeof lock_path, LOCK_FILE) ||
+        snprintf(proc_driver, sizeof proc_driver, "%s/../../proc/driver", state_dir) >= (int)sizeof proc_driver ||
         snprintf(caps_root, sizeof caps_root, "%s/nvidia/capabilities", proc_driver) >= (int)sizeof caps_root)
-        state_path[0] = lock_path[0] = caps_root[0] = '\0';
+        state_dir[0] = state_path[0] = lock_path[0] = caps_root[0] = '\0';
+}
+
+int sim_state_file(char *out, size_t size, const char *name) {
+    if (!state_dir[0] || snprintf(out, size, "%s/%s", state_dir, name) >= (int)size) return 0;
+    return 1;
 }
 
 static int same_file(const struct stat *a, const struct stat *b) {
@@ -49,44 +56,54 @@ static int same_file(const struct stat *a, const struct stat *b) {
            a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-void sim_state_refresh(void) {
+char *sim_file_read_changed(const char *path, struct stat *seen, size_t *length, const char *what) {
     struct stat now;
-    if (!state_path[0] || stat(state_path, &now) != 0 || same_file(&now, &applied)) return;
-    int fd = open(state_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (!path[0] || stat(path, &now) != 0 || same_file(&now, seen)) return NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat opened;
-    if (fd < 0) return;
-    applied = now; /* complained about once, not on every call */
+    if (fd < 0) return NULL;
+    *seen = now; /* complained about once, not on every call */
     if (fstat(fd, &opened) != 0 || !S_ISREG(opened.st_mode) || opened.st_size > MAX_STATE_BYTES) {
-        sim_complain("the MIG state %s is not a regular file of at most 4 MiB; ignored", state_path);
+        sim_complain("the %s %s is not a regular file of at most 4 MiB; ignored", what, path);
         close(fd);
-        return;
+        return NULL;
     }
-    applied = opened;
-    size_t length = (size_t)opened.st_size, got = 0;
-    char *text = malloc(length + 1);
+    *seen = opened;
+    size_t total = (size_t)opened.st_size, got = 0;
+    char *text = malloc(total + 1);
     ssize_t n = 1;
-    while (text && got < length && (n = read(fd, text + got, length - got)) > 0) got += (size_t)n;
+    while (text && got < total && (n = read(fd, text + got, total - got)) > 0) got += (size_t)n;
     close(fd);
+    if (text) text[got] = '\0';
+    *length = got;
+    return text;
+}
+
+void sim_state_refresh(void) {
+    size_t length;
+    char *text = sim_file_read_changed(state_path, &applied, &length, "MIG state");
     char error[256];
-    if (text && !sim_state_parse(sim_current, text, got, error, sizeof error))
+    if (text && !sim_state_parse(sim_current, text, length, error, sizeof error))
         sim_complain("the MIG state %s is malformed: %s; ignored", state_path, error);
     free(text);
 }
 
-int sim_state_lock(void) {
-    if (!lock_path[0]) return -1;
-    int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+int sim_file_lock(const char *path) {
+    if (!path[0]) return -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
     if (fd < 0) return -1;
     while (flock(fd, LOCK_EX) != 0)
         if (errno != EINTR) { close(fd); return -1; }
     return fd;
 }
 
+int sim_state_lock(void) { return sim_file_lock(lock_path); }
+
 void sim_state_unlock(int lock) {
     if (lock >= 0) close(lock); /* releases the flock */
 }
 
-static void json_string(FILE *out, const char *text) {
+void sim_json_string(FILE *out, const char *text) {
     fputc('"', out);
     for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
         if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
@@ -98,9 +115,9 @@ static void json_string(FILE *out, const char *text) {
 
 static void write_mig(FILE *out, const sim_mig *m) {
     fputs("{\"uuid\": ", out);
-    json_string(out, m->uuid);
+    sim_json_string(out, m->uuid);
     fputs(", \"name\": ", out);
-    json_string(out, m->name);
+    sim_json_string(out, m->name);
     fprintf(out, ", \"gpuInstanceId\": %u, \"computeInstanceId\": %u, \"giEnum\": %u, \"giProfileId\": %u, "
                  "\"giSlices\": %u, \"ciSlices\": %u, \"sms\": %u, \"copyEngines\": %u, \"decoders\": %u, "
                  "\"jpegs\": %u, \"ofas\": %u, \"memoryMiB\": %llu, \"placement\": [%u, %u]}",
@@ -116,7 +133,7 @@ static char *render_state(size_t *length) {
     for (unsigned i = 0; i < sim_current->gpu_count; i++) {
         const sim_gpu *g = &sim_current->gpus[i];
         fputs(i ? ",\n {\"uuid\": " : "\n {\"uuid\": ", out);
-        json_string(out, g->uuid);
+        sim_json_string(out, g->uuid);
         fprintf(out, ", \"migEnabled\": %s, \"migPending\": %s, \"migDevices\": [", g->mig_enabled ? "true" : "false",
                 g->mig_pending ? "true" : "false");
         for (unsigned j = 0; j < g->mig_count; j++) {
@@ -184,20 +201,13 @@ static void sync_capabilities(const sim_gpu *gpu) {
     }
 }
 
-nvmlReturn_t sim_state_commit(int lock) {
-    struct stat before, proc;
+int sim_file_replace(const char *path, const char *text, size_t length, struct stat *seen) {
+    struct stat before;
     char scratch[PATH_MAX + 16];
-    size_t length;
-    if (lock < 0) return NVML_ERROR_UNKNOWN;
-    char *text = render_state(&length);
-    if (!text || snprintf(scratch, sizeof scratch, "%s.%d", state_path, (int)getpid()) >= (int)sizeof scratch) {
-        free(text);
-        return NVML_ERROR_MEMORY;
-    }
+    if (snprintf(scratch, sizeof scratch, "%s.%d", path, (int)getpid()) >= (int)sizeof scratch) return 0;
     int fd = open(scratch, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     int ok = fd >= 0 && write_all(fd, text, length);
-    free(text);
-    if (ok && stat(state_path, &before) == 0) {
+    if (ok && stat(path, &before) == 0) {
         struct stat now;
         /* Later than the file it replaces, whatever the clock's grain. */
         if (fstat(fd, &now) == 0 && (now.st_mtim.tv_sec < before.st_mtim.tv_sec ||
@@ -210,12 +220,28 @@ nvmlReturn_t sim_state_commit(int lock) {
         }
     }
     if (fd >= 0) ok = close(fd) == 0 && ok;
-    if (!ok || rename(scratch, state_path) != 0) {
-        sim_complain("cannot write the MIG state %s: %s", state_path, strerror(errno));
+    if (!ok || rename(scratch, path) != 0) {
+        int saved = errno;
         unlink(scratch);
+        errno = saved;
+        return 0;
+    }
+    stat(path, seen); /* our own change is applied already */
+    return 1;
+}
+
+nvmlReturn_t sim_state_commit(int lock) {
+    struct stat proc;
+    size_t length;
+    if (lock < 0) return NVML_ERROR_UNKNOWN;
+    char *text = render_state(&length);
+    if (!text) return NVML_ERROR_MEMORY;
+    int ok = sim_file_replace(state_path, text, length, &applied);
+    free(text);
+    if (!ok) {
+        sim_complain("cannot write the MIG state %s: %s", state_path, strerror(errno));
         return NVML_ERROR_UNKNOWN;
     }
-    stat(state_path, &applied); /* our own change is applied already */
     if (stat(proc_driver, &proc) == 0 && S_ISDIR(proc.st_mode))
         for (unsigned i = 0; i < sim_current->gpu_count; i++) sync_capabilities(&sim_current->gpus[i]);
     return NVML_SUCCESS;

@@ -1,0 +1,147 @@
+"""A memory share's cap (`dra serve --gpu-sharing memory`, production path on the simulated
+libnvidia-ml.so.1): Prepare over the real DRA socket names the driver's memory-limit hook in the
+share's CDI device; the hook, run from that spec as a runtime runs it, caps this process's
+cgroup on the GPU; Unprepare clears the cap through NVML, after a driver restart too. A GPU
+whose NVML has no per-cgroup limits is refused at Prepare."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from test_sim_library_memory_limits import GIB, own_cgroup
+
+from deviceplugin.dra.memorylimits import HOOK_FILE, RECORDS_DIR
+from deviceplugin.model.slices import device_name
+from deviceplugin.sim.hostroot import LIBRARY_DIR
+from tests.dranode import inventory
+from tests.draplugin import DRIVER, PRESET, Node, claim, run, running_driver
+
+FOUND = inventory(PRESET)
+WHOLE_GPU = next(gpu for gpu in FOUND.gpus if not gpu.mig_enabled)
+WHOLE = device_name(WHOLE_GPU, None)
+SHARE = "5f0c2a8e-1b3d-4e6f-8a9b-0c1d2e3f4a5b"
+NO_LIMITS_NODE = """\
+gpus:
+  - uuid: GPU-8e2f3c10-0000-4000-8000-000000000000
+    name: NVIDIA A100-SXM4-80GB
+    memoryMiB: 81920
+    pciBusId: "00000000:07:00.0"
+    notSupported: [nvmlDeviceGetMemoryLimits_v1, nvmlDeviceSetMemoryLimits_v1]
+"""
+
+
+def shared(name: str, device: str, memory: str) -> dict[str, Any]:
+    body = claim(name, [("gpu", device)])
+    result = body["status"]["allocation"]["devices"]["results"][0]
+    result["shareID"], result["consumedCapacity"] = SHARE, {"memory": memory}
+    return body
+
+
+def hooks(node: Node, uid: str) -> list[dict[str, Any]]:
+    (path,) = node.cdi_dir.glob(f"*{uid}.json")
+    (device,) = json.loads(path.read_text())["devices"]
+    return list(device["containerEdits"].get("hooks", []))
+
+
+def run_hook(hook: dict[str, Any]) -> None:
+    """The hook as runc runs it: `path` executed with `args` (args[0] its name), state on
+    stdin."""
+    state = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": 1, "bundle": "/b"}
+    done = subprocess.run(
+        hook["args"],
+        executable=hook["path"],
+        input=json.dumps(state),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def cap(node: Node) -> int | None:
+    """This process's cap on WHOLE_GPU, read through the driver root's library."""
+    script = (
+        "import ctypes, os, sys, pynvml as n\n"
+        "ctypes.CDLL(sys.argv[1], mode=os.RTLD_GLOBAL)\n"
+        "n.nvmlInit()\n"
+        "h = n.nvmlDeviceGetHandleByUUID(sys.argv[2])\n"
+        "l = n.c_nvmlGetMemoryLimits_v1_t(); l.nameSpace = sys.argv[3].encode()\n"
+        "try:\n"
+        "    n.nvmlDeviceGetMemoryLimits_v1(h, l); print(l.hardLimit)\n"
+        "except n.NVMLError_NotFound:\n"
+        "    print('none')\n"
+    )
+    root = Path(node.settings.overrides["nvidia_driver_root"] or "")
+    library = str(root / LIBRARY_DIR / "libnvidia-ml.so.1")
+    done = subprocess.run(
+        [sys.executable, "-c", script, library, WHOLE_GPU.uuid, own_cgroup()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return None if done.stdout.strip() == "none" else int(done.stdout)
+
+
+def test_a_share_is_capped_by_the_hook_and_cleared_at_unprepare() -> None:
+    async def body() -> None:
+        async with running_driver(gpu_sharing="memory", library=True) as node:
+            plugin_dir = node.kubelet_root / "plugins" / DRIVER
+            assert (plugin_dir / HOOK_FILE).stat().st_mode & 0o111
+            ref = node.add_claim(shared("capped", WHOLE, "20Gi"))
+            done = await node.watcher.prepare(DRIVER, [ref])
+            assert done.claims[ref[2]].error == ""
+            (hook,) = hooks(node, ref[2])
+            assert hook["hookName"] == "createContainer"
+            assert hook["path"] == str(plugin_dir / HOOK_FILE)
+            assert hook["args"][3:] == [ref[2], SHARE, WHOLE_GPU.uuid, str(20 * GIB)]
+            run_hook(hook)
+            assert cap(node) == 20 * GIB
+            assert len(list((plugin_dir / RECORDS_DIR).iterdir())) == 1
+            await node.restart()  # the records outlive the driver
+            await node.watcher.wait_registered(DRIVER)
+            await node.watcher.unprepare(DRIVER, [ref])
+            assert cap(node) is None
+            assert list((plugin_dir / RECORDS_DIR).iterdir()) == []
+            assert list(node.cdi_dir.glob("*.json")) == []
+
+    run(body)
+
+
+def test_a_gpu_whose_nvml_cannot_cap_is_refused_a_share(tmp_path: Path) -> None:
+    node_file = tmp_path / "node.yaml"
+    node_file.write_text(NO_LIMITS_NODE)
+
+    async def body() -> None:
+        async with running_driver(str(node_file), gpu_sharing="memory", library=True) as node:
+            ref = node.add_claim(shared("uncapped", "gpu-0", "20Gi"))
+            done = await node.watcher.prepare(DRIVER, [ref])
+            error = done.claims[ref[2]].error
+            assert "status.allocation.devices.results[0].consumedCapacity.memory" in error, error
+            assert "has no per-cgroup memory limits" in error, error
+            assert list(node.cdi_dir.glob("*.json")) == []
+
+    run(body)
+
+
+def test_unprepare_fails_while_a_cap_cannot_be_cleared() -> None:
+    async def body() -> None:
+        async with running_driver(gpu_sharing="memory", library=True) as node:
+            records = node.kubelet_root / "plugins" / DRIVER / RECORDS_DIR
+            ref = node.add_claim(shared("stuck", WHOLE, "4Gi"))
+            assert (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]].error == ""
+            bad = records / f"{ref[2]}_{SHARE}_0.json"
+            bad.write_text(json.dumps({"gpu": "GPU-no-such", "nameSpace": own_cgroup()}))
+            done = await node.watcher.unprepare(DRIVER, [ref])
+            assert "GPU-no-such" in done.claims[ref[2]].error
+            assert bad.exists() and list(node.cdi_dir.glob("*.json"))  # the kubelet retries
+            bad.unlink()
+            assert (await node.watcher.unprepare(DRIVER, [ref])).claims[ref[2]].error == ""
+
+    run(body)
