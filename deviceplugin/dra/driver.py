@@ -98,6 +98,7 @@ class DraDriver:
         self.node = settings.node_name or socket.gethostname()
         # set by the command line (`--gpu-sharing`), which checked it
         self.memory_shares = settings.gpu_sharing == "memory"
+        self.dynamic_mig = settings.mig_mode == "dynamic"  # `--mig-mode`, checked there too
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
         self.dra_socket = directory / DRA_SOCKET_NAME
         self.registration = RegistrationServer(
@@ -148,6 +149,7 @@ class DraDriver:
             taint=settings.unhealthy_taint,
             observer=self.metrics,
             memory_shares=self.memory_shares,
+            dynamic_mig=self.dynamic_mig,
         )
         plugins_dir = self._device_plugins_dir
         self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
@@ -364,7 +366,7 @@ class DraDriver:
             options.dev_root,
             self.engine.proc_root,
         )
-        return NodeDevices.build(inventory, scan, options, self.memory_shares)
+        return NodeDevices.build(inventory, scan, options, self.memory_shares, self.dynamic_mig)
 
     async def _report_health(self) -> None:
         """The kubelet's health streams (`devicehealth.py`) get the devices' health now."""
