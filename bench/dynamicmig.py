@@ -105,7 +105,7 @@ async def run(root: Path) -> list[Figure]:
         )
     figures.append(
         Figure(
-            "DRA dynamic MIG, 8 A100: the same 5 slices as raw POSTs (the stand-in's share), median",
+            "DRA dynamic MIG, 8 A100: its 5 slices as raw POSTs (the stand-in's share), median",
             median(posts),
             "s",
             baseline=figures[0].value,
