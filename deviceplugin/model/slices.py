@@ -28,7 +28,11 @@ NVSwitch). A MIG device carries its GPU's values.
 An unhealthy device also gets a taint `<driver>/unhealthy=<reason>` with the effect asked for
 (`NoSchedule` by default, `NoExecute`, or none at all), in the v1 `taints` field the API server
 keeps where the DRADeviceTaints gate is on (GA in 1.37) and drops where it is off. Slices are cut
-at the API's limits: 128 devices, or 64 when a slice holds a tainted device.
+at the API's limits: 128 devices, or 64 when a slice holds a tainted device or one that consumes
+counters.
+
+With dynamic MIG, a partitionable GPU is published whole and as every profile x placement, with
+counter sets in slices of their own (`model/migpartitions.py` names them and their counters).
 """
 
 from __future__ import annotations
