@@ -28,6 +28,7 @@ from deviceplugin.sim.profiles import (
     instance_count,
     model_profiles,
 )
+from deviceplugin.sim.profiles import placements as placements_of
 from deviceplugin.sim.world import SimEventSet, World
 
 _MIB = 1 << 20
@@ -40,6 +41,7 @@ class FakeNvml:
     NVMLError = s.NVMLError
     c_nvmlSetMemoryLimits_v1_t = s.MemoryLimits
     c_nvmlGetMemoryLimits_v1_t = s.MemoryLimits
+    c_nvmlGpuInstancePlacement_t = s.c_nvmlGpuInstancePlacement_t
 
     def __init__(self, node: str, events_path: str | None = None) -> None:
         calls = [name for name in dir(type(self)) if name.startswith("nvml")]
@@ -313,7 +315,29 @@ class FakeNvml:
                 jpegCount=gi.jpegs,
                 ofaCount=gi.ofas,
                 memorySizeMB=gi.memory_mib,
+                copyEngineCount=gi.slices,  # as the simulated C library reports them
             )
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: Any, profile_id: int, placements: Any, count: Any
+    ) -> int:
+        """pynvml's low-level form: `count` a ctypes.byref(c_uint); `placements` None (the
+        count alone) or an array of c_nvmlGpuInstancePlacement_t filled up to `count`."""
+        with self._lock:
+            gpu = self._mig_gpu(handle, "nvmlDeviceGetGpuInstancePossiblePlacements", enabled=False)
+            profiles = gpu_instance_profiles(gpu)
+            gi = next((p for p in profiles.values() if p.id == profile_id), None)
+            if gi is None:
+                raise s.NVMLError_NotFound()
+            places = placements_of(gi, gpu_slices(profiles))
+            counter = count._obj
+            if placements is not None:
+                if counter.value < len(places):
+                    raise s.NVMLError_InsufficientSize()
+                for slot, (start, size) in zip(placements, places, strict=False):
+                    slot.start, slot.size = start, size
+            counter.value = len(places)
+            return s.NVML_SUCCESS
 
     def _instance(self, gpu: SimGpu, gpu_instance_id: int) -> SimMig:
         for mig in gpu.mig_devices:

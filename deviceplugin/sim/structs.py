@@ -9,6 +9,7 @@ ctypes char array is). Handles are small immutable values, equal when they name 
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import field
 from typing import Any, ClassVar
 
@@ -303,6 +304,14 @@ class GpuInstanceProfileInfo:
     jpegCount: int
     ofaCount: int
     memorySizeMB: int
+    copyEngineCount: int = 0
+    encoderCount: int = 0
+
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+    """nvmlGpuInstancePlacement_t, a ctypes struct as in pynvml: NVML fills a buffer of them."""
+
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
 
 
 @record(frozen=True)
