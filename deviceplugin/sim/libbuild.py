@@ -7,8 +7,12 @@ lazily, as go-nvml does, would die on a missing one). Builds are cached under
 `${XDG_CACHE_HOME:-~/.cache}/deviceplugin/nvml-sim/<hash of sources, header and flags>/`.
 An installed package that carries a prebuilt library (the container image) uses that one.
 
-`python -m deviceplugin.sim.libbuild [--into DIR]` builds and prints the library's path (with
-`--into`, copies it there first: `image/build.sh` ships it inside the wheel).
+The simulated MPS control program (`native/mpscontrol.c`, installed by `sim-root` as the driver
+root's `usr/bin/nvidia-cuda-mps-control`) is built and cached the same way, linked statically so
+that it runs in any container or mount namespace that NVIDIA's own binaries run it from.
+
+`python -m deviceplugin.sim.libbuild [--into DIR]` builds both and prints their paths (with
+`--into`, copies them there first: `image/build.sh` ships them inside the wheel).
 """
 
 from __future__ import annotations
@@ -22,12 +26,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 NATIVE_DIR = Path(__file__).parent / "native"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 PACKAGED = NATIVE_DIR / LIBRARY_NAME
 HEADER_IN_WHEEL = Path("nvidia/cu13/include/nvml.h")
+MPS_CONTROL_NAME = "nvidia-cuda-mps-control"
+PACKAGED_MPS_CONTROL = NATIVE_DIR / MPS_CONTROL_NAME
+MPS_CONTROL_SOURCE = "mpscontrol.c"
 SOURCES = (
     "json.c",
     "node.c",
@@ -38,6 +46,7 @@ SOURCES = (
     "device.c",
     "mig.c",
     "state.c",
+    "compute.c",
 )
 CFLAGS = ("-std=c11", "-O2", "-g", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
 FUZZ_FLAGS = ("-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all")
@@ -104,16 +113,11 @@ def _machine_name(machine: int | None) -> str:
 def build() -> Path:
     """The cached library for the current sources, built first if missing."""
     header = nvml_header()
-    target = _cache_dir() / _key(header, CFLAGS) / LIBRARY_NAME
-    if target.is_file():
-        return target
-    target.parent.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent.parent) as scratch:
-        work = Path(scratch)
-        output = work / LIBRARY_NAME
+
+    def compile_into(output: Path) -> None:
         _compile(
             header,
-            work,
+            output.parent,
             CFLAGS,
             "-shared",
             f"-Wl,--version-script={NATIVE_DIR / 'exports.map'}",
@@ -122,9 +126,47 @@ def build() -> Path:
             "-o",
             str(output),
         )
+
+    return _cached(_key(header, CFLAGS), LIBRARY_NAME, compile_into)
+
+
+def mps_control_path() -> Path:
+    """The simulated `nvidia-cuda-mps-control`: the one packaged with this install when it is
+    built for this machine, else a cached build."""
+    if PACKAGED_MPS_CONTROL.is_file() and elf_machine(PACKAGED_MPS_CONTROL) == _MACHINES.get(
+        platform.machine()
+    ):
+        return PACKAGED_MPS_CONTROL
+    return build_mps_control()
+
+
+def build_mps_control() -> Path:
+    """The cached control program for the current source, built first if missing."""
+    source = NATIVE_DIR / MPS_CONTROL_SOURCE
+    flags = (*CFLAGS, "-static")
+    digest = hashlib.sha256(source.read_bytes() + Path(__file__).read_bytes())
+    digest.update(" ".join(flags).encode())
+
+    def compile_into(output: Path) -> None:
+        _gcc(*flags, str(source), "-o", str(output))
+
+    return _cached(digest.hexdigest()[:20], MPS_CONTROL_NAME, compile_into)
+
+
+def _cached(key: str, name: str, compile_into: Callable[[Path], None]) -> Path:
+    """`<cache>/<key>/<name>`, compiled first by `compile_into(output)` in a scratch folder
+    renamed into place, so a reader never sees half a build and two builders race harmlessly."""
+    target = _cache_dir() / key / name
+    if target.is_file():
+        return target
+    target.parent.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent.parent) as scratch:
+        work = Path(scratch)
+        output = work / name
+        compile_into(output)
         built = work / "done"
         built.mkdir()
-        output.rename(built / LIBRARY_NAME)
+        output.rename(built / name)
         try:
             built.rename(target.parent)
         except OSError:
@@ -239,16 +281,17 @@ def _gcc(*arguments: str, compiler: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deviceplugin.sim.libbuild")
-    parser.add_argument("--into", help="copy the built library into this folder")
+    parser.add_argument("--into", help="copy the built library and program into this folder")
     options = parser.parse_args(argv)
     try:
-        path = build()
+        paths = [build(), build_mps_control()]
     except BuildError as err:
         print(f"libbuild: {err}", file=sys.stderr)
         return 1
-    if options.into:
-        path = Path(shutil.copy2(path, Path(options.into) / LIBRARY_NAME))
-    print(path)
+    for path in paths:
+        if options.into:
+            path = Path(shutil.copy2(path, Path(options.into) / path.name))
+        print(path)
     return 0
 
 

@@ -7,6 +7,7 @@
 #include <nvml.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <sys/stat.h>
 
 #define SIM_MAX_GPUS 64
 #define SIM_MAX_MIGS 64
@@ -120,6 +121,11 @@ int sim_state_lock(void);
 nvmlReturn_t sim_state_commit(int lock);
 void sim_state_unlock(int lock);
 void sim_new_mig_uuid(const sim_gpu *gpu, const sim_mig *mig, char *out, size_t size);
+/* state.c: any other state file beside it (`name`), under the same lock: its path; its text when
+ * it differs from `seen` (then updated; NULL otherwise); and its atomic replacement. */
+int sim_state_file(const char *name, char *out, size_t size);
+char *sim_state_read(const char *path, struct stat *seen, size_t *length);
+nvmlReturn_t sim_state_replace(const char *path, const char *text, size_t length, struct stat *seen);
 
 /* check.c: what the node's parts must agree on (unique ids, MIG layout); 0 with a message. */
 int sim_node_check(const sim_node *node, char *error, size_t size);

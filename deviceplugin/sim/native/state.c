@@ -8,7 +8,8 @@
  * and times with the last ones applied and reads it again when they differ; a writer makes the
  * new file's mtime later than the old one's, so a reused inode never hides a change. The file
  * is as untrusted as the node: it is parsed and checked as the node is (node.c, check.c), and
- * a bad one is complained about and ignored. The kernel module's capability files
+ * a bad one is complained about and ignored. Other state shared the same way (compute.c) keeps
+ * its own file beside this one and takes the same lock. The kernel module's capability files
  * (proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access) follow each change. */
 #define _GNU_SOURCE
 #include "sim.h"
@@ -29,18 +30,19 @@
 /* The driver's minors: gpu<N>/gi<G>/access is 3 + 135 N + 9 G, its ci<C> one more plus C. */
 #define CAP_MINOR(gpu, gi) (3u + 135u * (gpu) + 9u * (gi))
 
-static char state_path[PATH_MAX], lock_path[PATH_MAX], caps_root[PATH_MAX], proc_driver[PATH_MAX];
+static char state_dir[PATH_MAX], state_path[PATH_MAX], lock_path[PATH_MAX], caps_root[PATH_MAX], proc_driver[PATH_MAX];
 static struct stat applied; /* the state file last applied; st_ino 0: none */
 
 void sim_state_paths(const char *events) {
     const char *slash = strrchr(events, '/');
     int dir = slash ? (int)(slash - events) : 1;
     const char *base = slash ? events : ".";
-    if (snprintf(state_path, sizeof state_path, "%.*s/" STATE_FILE, dir, base) >= (int)sizeof state_path ||
+    if (snprintf(state_dir, sizeof state_dir, "%.*s", dir, base) >= (int)sizeof state_dir ||
+        snprintf(state_path, sizeof state_path, "%.*s/" STATE_FILE, dir, base) >= (int)sizeof state_path ||
         snprintf(lock_path, sizeof lock_path, "%.*s/" LOCK_FILE, dir, base) >= (int)sizeof lock_path ||
         snprintf(proc_driver, sizeof proc_driver, "%.*s/../../proc/driver", dir, base) >= (int)sizeof proc_driver ||
         snprintf(caps_root, sizeof caps_root, "%s/nvidia/capabilities", proc_driver) >= (int)sizeof caps_root)
-        state_path[0] = lock_path[0] = caps_root[0] = '\0';
+        state_dir[0] = state_path[0] = lock_path[0] = caps_root[0] = '\0';
 }
 
 static int same_file(const struct stat *a, const struct stat *b) {
@@ -49,26 +51,38 @@ static int same_file(const struct stat *a, const struct stat *b) {
            a->st_ctim.tv_sec == b->st_ctim.tv_sec && a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-void sim_state_refresh(void) {
+int sim_state_file(const char *name, char *out, size_t size) {
+    return state_dir[0] && snprintf(out, size, "%s/%s", state_dir, name) < (int)size;
+}
+
+char *sim_state_read(const char *path, struct stat *seen, size_t *length) {
     struct stat now;
-    if (!state_path[0] || stat(state_path, &now) != 0 || same_file(&now, &applied)) return;
-    int fd = open(state_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (stat(path, &now) != 0 || same_file(&now, seen)) return NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     struct stat opened;
-    if (fd < 0) return;
-    applied = now; /* complained about once, not on every call */
+    if (fd < 0) return NULL;
+    *seen = now; /* complained about once, not on every call */
     if (fstat(fd, &opened) != 0 || !S_ISREG(opened.st_mode) || opened.st_size > MAX_STATE_BYTES) {
-        sim_complain("the MIG state %s is not a regular file of at most 4 MiB; ignored", state_path);
+        sim_complain("the state file %s is not a regular file of at most 4 MiB; ignored", path);
         close(fd);
-        return;
+        return NULL;
     }
-    applied = opened;
-    size_t length = (size_t)opened.st_size, got = 0;
-    char *text = malloc(length + 1);
+    *seen = opened;
+    size_t size = (size_t)opened.st_size, got = 0;
+    char *text = malloc(size + 1);
     ssize_t n = 1;
-    while (text && got < length && (n = read(fd, text + got, length - got)) > 0) got += (size_t)n;
+    while (text && got < size && (n = read(fd, text + got, size - got)) > 0) got += (size_t)n;
     close(fd);
+    if (text) text[got] = '\0';
+    *length = got;
+    return text;
+}
+
+void sim_state_refresh(void) {
+    size_t length;
+    char *text = state_path[0] ? sim_state_read(state_path, &applied, &length) : NULL;
     char error[256];
-    if (text && !sim_state_parse(sim_current, text, got, error, sizeof error))
+    if (text && !sim_state_parse(sim_current, text, length, error, sizeof error))
         sim_complain("the MIG state %s is malformed: %s; ignored", state_path, error);
     free(text);
 }
@@ -184,20 +198,14 @@ static void sync_capabilities(const sim_gpu *gpu) {
     }
 }
 
-nvmlReturn_t sim_state_commit(int lock) {
-    struct stat before, proc;
+nvmlReturn_t sim_state_replace(const char *path, const char *text, size_t length, struct stat *seen) {
+    struct stat before;
     char scratch[PATH_MAX + 16];
-    size_t length;
-    if (lock < 0) return NVML_ERROR_UNKNOWN;
-    char *text = render_state(&length);
-    if (!text || snprintf(scratch, sizeof scratch, "%s.%d", state_path, (int)getpid()) >= (int)sizeof scratch) {
-        free(text);
+    if (snprintf(scratch, sizeof scratch, "%s.%d", path, (int)getpid()) >= (int)sizeof scratch)
         return NVML_ERROR_MEMORY;
-    }
     int fd = open(scratch, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     int ok = fd >= 0 && write_all(fd, text, length);
-    free(text);
-    if (ok && stat(state_path, &before) == 0) {
+    if (ok && stat(path, &before) == 0) {
         struct stat now;
         /* Later than the file it replaces, whatever the clock's grain. */
         if (fstat(fd, &now) == 0 && (now.st_mtim.tv_sec < before.st_mtim.tv_sec ||
@@ -210,12 +218,24 @@ nvmlReturn_t sim_state_commit(int lock) {
         }
     }
     if (fd >= 0) ok = close(fd) == 0 && ok;
-    if (!ok || rename(scratch, state_path) != 0) {
-        sim_complain("cannot write the MIG state %s: %s", state_path, strerror(errno));
+    if (!ok || rename(scratch, path) != 0) {
+        sim_complain("cannot write the state file %s: %s", path, strerror(errno));
         unlink(scratch);
         return NVML_ERROR_UNKNOWN;
     }
-    stat(state_path, &applied); /* our own change is applied already */
+    stat(path, seen); /* our own change is applied already */
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t sim_state_commit(int lock) {
+    struct stat proc;
+    size_t length;
+    if (lock < 0) return NVML_ERROR_UNKNOWN;
+    char *text = render_state(&length);
+    if (!text) return NVML_ERROR_MEMORY;
+    nvmlReturn_t result = sim_state_replace(state_path, text, length, &applied);
+    free(text);
+    if (result != NVML_SUCCESS) return result;
     if (stat(proc_driver, &proc) == 0 && S_ISDIR(proc.st_mode))
         for (unsigned i = 0; i < sim_current->gpu_count; i++) sync_capabilities(&sim_current->gpus[i]);
     return NVML_SUCCESS;
