@@ -295,6 +295,10 @@ static int open_daemon(char *why, size_t size) {
         return -1;
     }
     chmod(address.sun_path, 0666);
+    /* Logged and recorded before `-d` returns: a caller reads both at once. */
+    say("Starting control daemon using socket %s", address.sun_path);
+    say("To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=%s", pipe_dir);
+    record_limits();
     return listener;
 }
 
@@ -304,9 +308,6 @@ static int run_daemon(int listener) {
     sigaction(SIGTERM, &action, NULL);
     sigaction(SIGINT, &action, NULL);
     signal(SIGPIPE, SIG_IGN);
-    say("Starting control daemon using socket %s", address.sun_path);
-    say("To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=%s", pipe_dir);
-    record_limits();
     int quit = 0;
     while (!quit && !stopping) {
         int client = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
