@@ -310,6 +310,11 @@ class Nvml:
                 raise _error(err, f"GPU {index}: reading its NUMA node") from err
         return sysfs(pci_bus_id)
 
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        """Put a GPU (or MIG device) in compute mode `mode` (an nvmlComputeMode_t)."""
+        with self.errors(f"{uuid}: setting its compute mode to {mode}"):
+            self._nvml.nvmlDeviceSetComputeMode(self._nvml.nvmlDeviceGetHandleByUUID(uuid), mode)
+
     def _mig_mode(self, handle: Any, where: str) -> tuple[bool, bool]:
         """(capable, enabled): a GPU or driver without MIG answers NOT_SUPPORTED / no function."""
         try:

@@ -49,6 +49,7 @@ class FakeNvml:
         self._lock = self._world.lock
         self._init_count = 0
         self._limits: dict[tuple[str, bytes], tuple[int, int]] = {}
+        self._compute_modes: dict[str, int] = {}  # device UUID -> mode; absent: DEFAULT
 
     def reload(self) -> None:
         """Re-read the node file now; raises ConfigError when it is invalid."""
@@ -238,6 +239,31 @@ class FakeNvml:
         if enabled and not gpu.mig_enabled:
             raise s.NVMLError_InvalidArgument()
         return gpu
+
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
+        """This process's own modes (the C library shares them across processes)."""
+        with self._lock:
+            uuid = self._compute_mode_device(handle, "nvmlDeviceSetComputeMode")
+            valid = (
+                s.NVML_COMPUTEMODE_DEFAULT,
+                s.NVML_COMPUTEMODE_PROHIBITED,
+                s.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+            )
+            if mode not in valid:
+                raise s.NVMLError_InvalidArgument()
+            self._compute_modes[uuid] = mode
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        with self._lock:
+            uuid = self._compute_mode_device(handle, "nvmlDeviceGetComputeMode")
+            return self._compute_modes.get(uuid, s.NVML_COMPUTEMODE_DEFAULT)
+
+    def _compute_mode_device(self, handle: Any, call: str) -> str:
+        """A MIG-enabled GPU's mode is its MIG devices' (NVML's rule)."""
+        gpu, mig = self._device(handle, call)
+        if mig is None and gpu.mig_enabled:
+            raise s.NVMLError_InvalidArgument()
+        return mig.uuid if mig else gpu.uuid
 
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         with self._lock:
