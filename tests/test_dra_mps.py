@@ -13,13 +13,14 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from test_sim_library_dynamic_mig import in_another_process
 
 from deviceplugin.dra.checkpoint import FILE_NAME
+from deviceplugin.model.memoryshares import GpuSharing
 from deviceplugin.model.slices import device_name
 from deviceplugin.sim.hostroot import MPS_CONTROL, install_mps_control
 from deviceplugin.sim.libbuild import mps_control_path
@@ -71,10 +72,19 @@ def driver_root(node: Node) -> Path:
     return Path(node.settings.overrides["nvidia_driver_root"] or "")
 
 
-def with_control(node: Node) -> Node:
-    """The simulated control program installed where `sim-root` puts it."""
-    install_mps_control(driver_root(node), mps_control_path())
-    return node
+@contextlib.asynccontextmanager
+async def mps_driver(gpu_sharing: GpuSharing = "off") -> AsyncIterator[Node]:
+    """The driver on the simulated library, with the simulated control program installed where
+    `sim-root` puts it; the daemons a failed test left are killed (they outlive the driver by
+    design)."""
+    async with running_driver(gpu_sharing=gpu_sharing, library=True) as node:
+        install_mps_control(driver_root(node), mps_control_path())
+        try:
+            yield node
+        finally:
+            for pid in (node.kubelet_root / "plugins" / DRIVER / "mps").glob("*/pipe/*.pid"):
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(pid.read_text()), signal.SIGKILL)
 
 
 def home(node: Node, device: str) -> Path:
@@ -135,20 +145,9 @@ def edits(node: Node, ref: tuple[str, str, str]) -> dict[str, Any]:
     return resolve(node.cdi_dir, device.cdi_device_ids[0])
 
 
-@pytest.fixture(autouse=True)
-def no_daemon_left() -> Any:
-    """A daemon a failed test left is killed: they outlive the driver by design."""
-    before = set(Path("/tmp").glob("dra*/kubelet/plugins/*/mps/*/pipe/*.pid"))
-    yield
-    for path in set(Path("/tmp").glob("dra*/kubelet/plugins/*/mps/*/pipe/*.pid")) - before:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(path.read_text()), signal.SIGKILL)
-
-
 def test_two_claims_on_one_gpu_share_one_daemon_until_the_last_unprepare() -> None:
     async def body() -> None:
-        async with running_driver(gpu_sharing="memory", library=True) as node:
-            with_control(node)
+        async with mps_driver("memory") as node:
             first, second = await prepared(
                 node,
                 claim_of(
@@ -204,8 +203,7 @@ def test_two_claims_on_one_gpu_share_one_daemon_until_the_last_unprepare() -> No
 
 def test_a_mig_device_gets_a_daemon_of_its_own() -> None:
     async def body() -> None:
-        async with running_driver(library=True) as node:
-            with_control(node)
+        async with mps_driver() as node:
             (ref,) = await prepared(node, claim_of("mig", mps("MigDeviceConfig"), device=MIG))
             assert recorded(node)[ref[2]]["uuid"] == MIG_GPU.mig_devices[0].uuid
             assert answers(node, MIG)
@@ -217,8 +215,7 @@ def test_a_mig_device_gets_a_daemon_of_its_own() -> None:
 
 def test_a_restart_reattaches_a_live_daemon_restarts_a_dead_one_and_stops_an_orphan() -> None:
     async def body() -> None:
-        async with running_driver(library=True) as node:
-            with_control(node)
+        async with mps_driver() as node:
             (ref,) = await prepared(node, claim_of("kept", mps()))
             pid = recorded(node)[ref[2]]["pid"]
             await node.restart()
@@ -250,24 +247,25 @@ def test_a_restart_reattaches_a_live_daemon_restarts_a_dead_one_and_stops_an_orp
     run(body)
 
 
-BAD_INPUTS = [
-    pytest.param(
+# (claim, what its error says, case)
+BAD_INPUTS: list[tuple[dict[str, Any], str, str]] = [
+    (
         claim_of("pct", mps(mpsConfig={"defaultActiveThreadPercentage": 150})),
         f"{CONFIG}.sharing.mpsConfig.defaultActiveThreadPercentage: must be between 1 and 100",
-        id="thread-percentage-above-100",
+        "thread-percentage-above-100",
     ),
-    pytest.param(
+    (
         claim_of("zero", mps(mpsConfig={"defaultActiveThreadPercentage": 0})),
         f"{CONFIG}.sharing.mpsConfig.defaultActiveThreadPercentage: must be between 1 and 100",
-        id="thread-percentage-zero",
+        "thread-percentage-zero",
     ),
-    pytest.param(
+    (
         claim_of("big", mps(mpsConfig={"defaultPinnedDeviceMemoryLimit": "100Gi"})),
         f"{CONFIG}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 102400 MiB is more than"
         f" the memory of {WHOLE}",
-        id="pinned-limit-above-the-gpu",
+        "pinned-limit-above-the-gpu",
     ),
-    pytest.param(
+    (
         claim_of(
             "share",
             mps(mpsConfig={"defaultPinnedDeviceMemoryLimit": "30Gi"}),
@@ -276,24 +274,24 @@ BAD_INPUTS = [
         ),
         f"{CONFIG}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: 30720 MiB is more than"
         f" the claim's memory share of {WHOLE}",
-        id="pinned-limit-above-the-share",
+        "pinned-limit-above-the-share",
     ),
-    pytest.param(
+    (
         claim_of("tiny", mps(mpsConfig={"defaultPinnedDeviceMemoryLimit": "1Ki"})),
         f"{CONFIG}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: must be at least 1Mi",
-        id="pinned-limit-below-a-mib",
+        "pinned-limit-below-a-mib",
     ),
-    pytest.param(
+    (
         claim_of("index", mps(mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"1": "1Gi"}})),
         f"{CONFIG}.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[1]: names no device",
-        id="per-device-limit-of-another-device",
+        "per-device-limit-of-another-device",
     ),
-    pytest.param(
+    (
         claim_of("both", mps(timeSlicingConfig={"interval": "Short"})),
         f"{CONFIG}.sharing.timeSlicingConfig: cannot be used with the 'MPS' strategy",
-        id="mps-with-time-slicing-config",
+        "mps-with-time-slicing-config",
     ),
-    pytest.param(
+    (
         claim_of(
             "ts",
             {
@@ -303,31 +301,29 @@ BAD_INPUTS = [
             },
         ),
         f"{CONFIG}.sharing.mpsConfig: cannot be used with the 'TimeSlicing' strategy",
-        id="time-slicing-with-mps-config",
+        "time-slicing-with-mps-config",
     ),
-    pytest.param(
+    (
         claim_of("typo", mps(mpsConfig={"defaultActiveThreadPercent": 50})),
         f"{CONFIG}.sharing.mpsConfig.defaultActiveThreadPercent: is not a field of this API",
-        id="unknown-field",
+        "unknown-field",
     ),
-    pytest.param(
+    (
         claim_of("two", mps(), more=(OTHER_NAME,)),
         f"status.allocation.devices.results[1]: {OTHER_NAME} asks for MPS as {WHOLE} does",
-        id="two-mps-devices-in-one-claim",
+        "two-mps-devices-in-one-claim",
     ),
 ]
 
 
 def test_bad_mps_configs_are_refused_at_prepare_naming_the_field() -> None:
     async def body() -> None:
-        async with running_driver(gpu_sharing="memory", library=True) as node:
-            with_control(node)
-            for case in BAD_INPUTS:
-                claim_body, error = case.values
+        async with mps_driver("memory") as node:
+            for claim_body, error, case in BAD_INPUTS:
                 ref = node.add_claim(claim_body)
                 done = await node.watcher.prepare(DRIVER, [ref])
                 got = done.claims[ref[2]].error
-                assert error in got, f"{case.id}: {got}"
+                assert error in got, f"{case}: {got}"
             assert list(node.cdi_dir.glob("*.json")) == []
             assert not (node.kubelet_root / "plugins" / DRIVER / "mps").exists()
 
@@ -336,8 +332,7 @@ def test_bad_mps_configs_are_refused_at_prepare_naming_the_field() -> None:
 
 def test_mps_and_no_mps_on_one_gpu_and_a_missing_control_program_are_refused() -> None:
     async def body() -> None:
-        async with running_driver(gpu_sharing="memory", library=True) as node:
-            with_control(node)
+        async with mps_driver("memory") as node:
             (held,) = await prepared(node, claim_of("mps", mps(), share=SHARES[0], memory="8Gi"))
             plain = node.add_claim(claim_of("plain", None, share=SHARES[1], memory="8Gi"))
             error = (await node.watcher.prepare(DRIVER, [plain])).claims[plain[2]].error
