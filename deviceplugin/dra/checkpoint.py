@@ -13,7 +13,7 @@ Each claim has a `state`: `PrepareStarted` while its CDI spec is being written, 
 `PrepareCompleted`, so a crash in between is found and undone at start-up. `bootID` is the
 node's boot that wrote the file: prepared state does not survive a reboot. Each device also
 records how it was set up, each key only when set (`adminAccess`, `shareID`, `sharing`,
-`timeSliceInterval`).
+`timeSliceInterval`, and `mpsDaemon` `{uuid, pipeDir, pid}`: the device's MPS control daemon).
 
 Older versions are read and migrated one step at a time (`_MIGRATIONS`: version 1 had neither
 states nor a boot ID; its claims were all complete), and the next save writes the current
@@ -59,6 +59,15 @@ class CheckpointError(DevicePluginError):
 
 
 @record(frozen=True)
+class MpsDaemon:
+    """The MPS control daemon a device was prepared with (`mpsdevices.py`)."""
+
+    uuid: str  # the GPU or MIG device it serves
+    pipe_dir: str
+    pid: int = 0  # 0 until it is started
+
+
+@record(frozen=True)
 class PreparedDevice:
     """One allocated device as NodePrepareResources reports it, and how it was set up."""
 
@@ -70,6 +79,7 @@ class PreparedDevice:
     share_id: str = ""
     sharing: str = ""  # "TimeSlicing", or "" when not shared
     interval: str = ""  # the GPU's time slice when time-sliced
+    mps: MpsDaemon | None = None  # with MPS sharing
 
 
 @record(frozen=True)
@@ -246,7 +256,19 @@ def _device_entry(device: PreparedDevice) -> dict[str, Any]:
         "timeSliceInterval": device.interval,
     }
     entry.update({key: value for key, value in optional.items() if value})
+    if device.mps is not None:
+        daemon = device.mps
+        entry["mpsDaemon"] = {"uuid": daemon.uuid, "pipeDir": daemon.pipe_dir, "pid": daemon.pid}
     return entry
+
+
+def _daemon(entry: Mapping[str, Any] | None) -> MpsDaemon | None:
+    if entry is None:
+        return None
+    pid = entry["pid"]
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
+        raise ValueError(f"mpsDaemon.pid {pid!r} is not a process ID")
+    return MpsDaemon(str(entry["uuid"]), str(entry["pipeDir"]), pid)
 
 
 def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
@@ -267,6 +289,7 @@ def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
                 share_id=str(d.get("shareID", "")),
                 sharing=str(d.get("sharing", "")),
                 interval=str(d.get("timeSliceInterval", "")),
+                mps=_daemon(d.get("mpsDaemon")),
             )
             for d in entry["devices"]
         ),
