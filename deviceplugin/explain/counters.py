@@ -8,9 +8,10 @@ from a set, or a counter of a set, that the pool does not publish. A device that
 counters fits when, with what the devices already allocated consume (earlier claims, each
 device once however many shares it has) and what the devices picked so far in this search
 consume, none of its counters goes over its value (the allocator looks at every counter of
-the pool, but only the device's can have gone over); picking it reserves its consumption, backtracking gives
-it back (1.37 returns it on every path: kubernetes#140431). A device that allows multiple
-allocations and already has a share is not checked again: its first share reserved for it.
+the pool, but only the device's can have gone over); picking it reserves its consumption,
+backtracking gives it back (1.37 returns it on every path: kubernetes#140431). A device that
+allows multiple allocations and already has a share is not checked again: its first share
+reserved for it.
 """
 
 from __future__ import annotations
