@@ -20,7 +20,10 @@ a later request or a constraint cannot be met. A device is usable for a request 
   ignored), as the scheduler checks with the DRADeviceTaints gate on;
 - it keeps every constraint over its request: `matchAttribute` (all devices of the named
   requests share one value; a device without the attribute cannot be one of them) and
-  `distinctAttribute` (no two share a value).
+  `distinctAttribute` (no two share a value);
+- the counters it consumes are left (`explain.counters`: partitionable devices, after what
+  earlier claims' devices and this claim's picks consume). A pool whose counters the allocator
+  refuses gives no device at all.
 
 A claim gets at most 32 devices (AllocationResultsMaxSize). Where the allocator would search
 without bound, this search gives up after a fixed number of device checks and says so.
@@ -33,6 +36,7 @@ from dataclasses import field
 from typing import Any
 
 from deviceplugin.explain.capacity import Amounts, Capacity, Fit, adjustment, fit
+from deviceplugin.explain.counters import SharedCounters, Usage, add, consumption
 from deviceplugin.explain.resourceapi import Claim, Constraint, DeviceChoice, DeviceClass, Request
 from deviceplugin.explain.selectors import (
     Selector,
@@ -47,13 +51,14 @@ JsonObject = dict[str, Any]
 MAX_RESULTS = 32  # AllocationResultsMaxSize: devices per claim
 MAX_CHECKS = 1_000_000  # device checks before the search gives up
 _BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")
-_LISTED = 3  # devices named when saying why they lack capacity
+_LISTED = 3  # devices named when saying why they lack capacity or counters
 
 
 @record(frozen=True)
 class Candidate:
     """One published device: its name, what CEL selectors see, its attributes (for
-    constraints), its taints, its capacities and whether it allows multiple allocations."""
+    constraints), its taints, its capacities, whether it allows multiple allocations and the
+    shared counters it consumes."""
 
     name: str
     driver: str
@@ -62,6 +67,7 @@ class Candidate:
     taints: tuple[Mapping[str, Any], ...] = ()
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
     shared: bool = False  # allowMultipleAllocations
+    consumes: Usage = field(default_factory=dict)  # consumesCounters: set -> counter -> amount
 
     @classmethod
     def of(cls, driver: str, device: JsonObject) -> Candidate:
@@ -74,6 +80,7 @@ class Candidate:
             taints=tuple(device.get("taints") or ()),
             capacity={k: Capacity.of(v) for k, v in (device.get("capacity") or {}).items()},
             shared=device.get("allowMultipleAllocations") is True,
+            consumes=consumption(device),
         )
 
     def attribute(self, name: str) -> tuple[str, object] | None:
@@ -109,16 +116,23 @@ def select(selectors: Sequence[Selector], device: JsonObject) -> bool:
 
 
 def allocate_all(
-    claims: Sequence[Claim], classes: Mapping[str, DeviceClass], devices: Sequence[Candidate]
+    claims: Sequence[Claim],
+    classes: Mapping[str, DeviceClass],
+    devices: Sequence[Candidate],
+    counters: SharedCounters | None = None,
 ) -> list[Allocation]:
-    """Each claim in turn; devices an earlier claim got (without admin access) are in use, and
-    its shares (without admin access) take their capacity from the shared devices."""
+    """Each claim in turn; devices an earlier claim got (without admin access) are in use, its
+    shares (without admin access) take their capacity from the shared devices, and each of
+    its devices consumes its counters once."""
     in_use: set[str] = set()
     used: dict[str, dict[str, int]] = {}
+    counted: set[str] = set()  # devices whose counters earlier claims consume
+    consumed: dict[str, dict[str, int]] = {}
+    by_name = {d.name: d for d in devices}
     allocations = []
     for claim in claims:
         try:
-            allocation = allocate(claim, classes, devices, in_use, used)
+            allocation = allocate(claim, classes, devices, in_use, used, counters, consumed)
         except SelectorLimitError as err:
             raise SelectorLimitError(f"{claim.kind} {claim.name}: {err.path}", str(err)) from err
         allocations.append(allocation)
@@ -127,8 +141,11 @@ def allocate_all(
                 continue
             shares = allocation.shares.get(request, {})
             in_use.update(name for name in names if name not in shares)
-            for name, consumed in shares.items():
-                _add_amounts(used.setdefault(name, {}), consumed, 1)
+            for name, amounts in shares.items():
+                _add_amounts(used.setdefault(name, {}), amounts, 1)
+            for name in set(names) - counted:
+                counted.add(name)
+                add(consumed, by_name[name].consumes, 1)
     return allocations
 
 
@@ -138,14 +155,23 @@ def allocate(
     devices: Sequence[Candidate],
     in_use: Collection[str] = (),
     used: Mapping[str, Amounts] | None = None,
+    counters: SharedCounters | None = None,
+    consumed: Usage | None = None,
 ) -> Allocation:
-    """The claim's allocation on `devices` (in slice order), `in_use` held by other claims and
-    `used` (device -> capacity -> amount) consumed by their shares."""
+    """The claim's allocation on `devices` (in slice order) of one pool with `counters`,
+    `in_use` held by other claims, `used` (device -> capacity -> amount) consumed by their
+    shares and `consumed` (counter set -> counter -> amount) by their devices."""
     for request in claim.requests:
         for choice in request.choices:
             if choice.device_class not in classes:
                 return Allocation(failure=f"{choice.name}: no DeviceClass {choice.device_class}")
-    search = _Search(claim, classes, devices, frozenset(in_use), used or {})
+    pool = counters or SharedCounters({})
+    if pool.invalid and claim.requests:
+        return Allocation(
+            failure=f"the scheduler refuses the node's resource pool: {pool.invalid} (it"
+            " allocates none of its devices)"
+        )
+    search = _Search(claim, classes, devices, frozenset(in_use), used or {}, pool, consumed or {})
     try:
         found = search.request(0)
     except SelectorLimitError:
@@ -182,12 +208,23 @@ class _Search:
         devices: Sequence[Candidate],
         in_use: frozenset[str],
         used: Mapping[str, Amounts],
+        counters: SharedCounters,
+        consumed: Usage,
     ) -> None:
         self.claim = claim
         self.classes = classes
         self.devices = devices
         self.in_use = in_use
         self.used = used  # by earlier claims' shares
+        self.counters = counters
+        self.taken: dict[str, dict[str, int]] = {}  # counters, by earlier claims and this one
+        add(self.taken, consumed, 1)
+        self.reserved: set[tuple[str, str]] = set()  # (choice, device) that took counters
+        # where counters stopped the search with the most devices picked: how many, the
+        # devices picked, and per choice each device refused and why
+        self.deepest = -1
+        self.deepest_picks: tuple[str, ...] = ()
+        self.blocked: dict[str, dict[str, str]] = {}
         self.checks = 0
         self.selectable: dict[tuple[str, str], bool] = {}
         self.held: set[str] = set()  # devices this claim holds whole so far
@@ -286,7 +323,31 @@ class _Search:
                 return False
             if not constraint.distinct and values and values[0] != value:
                 return False
+        short = self._short(device)
+        if short:
+            self._blocked(choice, device, short)
+            return False
         return True
+
+    def _short(self, device: Candidate) -> str:
+        """Which counter the device would take over (after earlier claims' devices and this
+        claim's picks); "" when it fits or checks none."""
+        if not device.consumes:
+            return ""
+        if device.shared and self._has_share(device):
+            return ""  # its first share reserved its counters
+        return self.counters.shortage(self.taken, device.consumes)
+
+    def _blocked(self, choice: DeviceChoice, device: Candidate, short: str) -> None:
+        """Remember `short` when the devices picked now are the most counters stopped yet (the
+        first such picks only: one situation, explained whole)."""
+        if self.results < self.deepest:
+            return
+        picks = tuple(n for c in self.chosen for n in self.picked[c.name])
+        if self.results > self.deepest:
+            self.deepest, self.deepest_picks, self.blocked = self.results, picks, {}
+        if picks == self.deepest_picks:
+            self.blocked.setdefault(choice.name, {})[device.name] = short
 
     def _fit(self, choice: DeviceChoice, device: Candidate, mine: bool = True) -> Fit:
         """The request's capacity on the device, after earlier claims' shares and (`mine`)
@@ -319,6 +380,9 @@ class _Search:
         ]
 
     def _add(self, request: Request, choice: DeviceChoice, device: Candidate) -> None:
+        if device.consumes and not (device.shared and self._has_share(device)):
+            add(self.taken, device.consumes, 1)
+            self.reserved.add((choice.name, device.name))
         if device.shared:
             consumed = self._fit(choice, device).consumed
             self.shares[choice.name][device.name] = consumed
@@ -332,7 +396,14 @@ class _Search:
             assert value is not None
             values.append(value)
 
+    def _has_share(self, device: Candidate) -> bool:
+        """An earlier claim or this one has a share of the device."""
+        return device.name in self.used or any(device.name in s for s in self.shares.values())
+
     def _remove(self, request: Request, choice: DeviceChoice, device: Candidate) -> None:
+        if (choice.name, device.name) in self.reserved:
+            self.reserved.discard((choice.name, device.name))
+            add(self.taken, device.consumes, -1)
         consumed = self.shares[choice.name].pop(device.name, None)
         if consumed is not None:
             _add_amounts(self.allocating[device.name], consumed, -1)
@@ -388,10 +459,20 @@ class _Search:
                 f"{'distinctAttribute' if c.distinct else 'matchAttribute'} {c.attribute}"
                 for c in self.claim.constraints
             )
-            return f"no devices satisfy the requests together under {names} ({counts})"
+            together = f"no devices satisfy the requests together under {names}"
+            return f"{together} ({counts}){self._counted()}"
         if alone:
-            return f"the requests cannot all be met at once ({counts})"
+            return f"the requests cannot all be met at once ({counts}){self._counted()}"
         return f"not enough devices ({counts})"
+
+    def _counted(self) -> str:
+        """Where counters stopped the search with the most devices picked: "; with A, B
+        picked, c: ... D: counter set S ran out of ...", or "" when counters never did."""
+        if not self.blocked:
+            return ""
+        choice, refused = next(iter(self.blocked.items()))
+        picked = ", ".join(self.deepest_picks) or "nothing"
+        return f"; with {picked} picked, {choice}: {_listed(refused, 'counters left')}"
 
     def _alone(self, choice: DeviceChoice) -> tuple[str, bool]:
         """What one choice sees, and whether it could be met if it were the only one."""
@@ -405,14 +486,22 @@ class _Search:
             matching = [d for d in matching if d.name not in short]
         tainted = [d for d in matching if not _tolerated(choice, d)]
         busy = [] if choice.admin_access else [d for d in matching if d.name in self.in_use]
-        usable = len({d.name for d in matching} - {d.name for d in (*tainted, *busy)} - set(short))
+        unusable = {d.name for d in (*tainted, *busy)} | set(short)
+        # counters are checked on what is left (the allocator checks in use first)
+        spent = {
+            d.name: problem
+            for d in matching
+            if d.name not in unusable and (problem := self._short(d))
+        }
+        usable = len({d.name for d in matching} - unusable - set(spent))
         wanted = "all" if choice.count is None else str(choice.count)
         part = f"{choice.name}: {wanted} wanted, {len(matching)} match"
         too_many = (choice.count or len(matching)) > MAX_RESULTS
         left_out = [
             f"{len(tainted)} tainted without a toleration" if tainted else "",
             f"{len(busy)} held by an earlier claim" if busy else "",
-            _lacking(short),
+            _listed(short, "capacity"),
+            _listed(spent, "counters left"),
             f"a claim gets at most {MAX_RESULTS} devices" if too_many else "",
         ]
         if any(left_out):
@@ -424,13 +513,13 @@ class _Search:
         return part, fits
 
 
-def _lacking(short: Mapping[str, str]) -> str:
-    """The devices whose capacity cannot take the request, the first few with the reason."""
+def _listed(short: Mapping[str, str], lacking: str) -> str:
+    """The devices without the capacity or counters, the first few with the reason."""
     if not short:
         return ""
     named = "; ".join(f"{name}: {problem}" for name, problem in list(short.items())[:_LISTED])
     more = f"; and {len(short) - _LISTED} more" if len(short) > _LISTED else ""
-    return f"{len(short)} without the capacity: {named}{more}"
+    return f"{len(short)} without the {lacking}: {named}{more}"
 
 
 def _add_amounts(into: dict[str, int], amounts: Amounts, sign: int) -> None:

@@ -12,9 +12,9 @@ Xid policy as `serve` (`{"uuid": ..., "xid": 79}`; `{"uuid": ..., "lost": true}`
 hit by a critical Xid drops out of a class that asks for `healthy`, and out of every claim that
 does not tolerate its taint. `--config-file` is checked as `dra serve` would check it; nothing in
 it changes what is published. `--gpu-sharing` and `--mig-mode` publish as `dra serve` does with
-them; with `--mig-mode dynamic` the classes are evaluated on the whole GPUs and partitions, but
-a `--claim` is refused: allocating against shared counters is not emulated yet, and an answer
-that ignored them would be wrong.
+them; with `--mig-mode dynamic` the node's slices carry counter sets, and claims are allocated
+against them as the scheduler does (`dra.counters`): the counter sets are read from the slices
+that carry them, the devices from the others.
 
 Bad input of any kind (unreadable files, YAML that is not a Kubernetes object, objects the API
 server would refuse) is answered with exit 2 and a message naming the file and field path.
@@ -30,11 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.explain.claims import Allocation, Candidate, allocate_all, select
+from deviceplugin.explain.counters import SharedCounters
 from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
 from deviceplugin.explain.selectors import SelectorError, SelectorLimitError
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
-from deviceplugin.model.slices import build_devices, quantity
+from deviceplugin.model.migpartitions import counter_sets
+from deviceplugin.model.slices import build_devices, build_slices, quantity
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.model.yamlimport import yaml
 from deviceplugin.node.configread import load_config
@@ -47,6 +49,7 @@ from deviceplugin.sim.events import parse_line
 from deviceplugin.sim.simulator import NodeSimulator
 
 JsonObject = dict[str, Any]
+_POOL = "simulated-node"  # the pool's (and node's) name; nothing reads it back
 
 
 def explain(options: ExplainOptions) -> int:
@@ -67,15 +70,10 @@ def build_report(options: ExplainOptions) -> JsonObject:
     """The devices, each class's verdict per device, and each claim's allocation."""
     classes = read_classes(read_documents(options.class_file), options.class_file)
     claims = []
-    if options.claim_file and options.mig_mode == "dynamic":
-        raise ConfigError(
-            "--claim",
-            "predicting allocations with --mig-mode dynamic (shared counters) is not yet"
-            " supported; leave out --claim to see which partitions each class selects",
-        )
     if options.claim_file:
         claims = read_claims(read_documents(options.claim_file), options.claim_file)
-    published = node_devices(options)
+    slices = node_slices(options)
+    published = [d for item in slices for d in item["spec"].get("devices") or ()]
     candidates = [Candidate.of(options.driver, d) for d in published]
     verdicts: dict[str, dict[str, bool | str]] = {}
     for name, device_class in classes.items():
@@ -90,7 +88,7 @@ def build_report(options: ExplainOptions) -> JsonObject:
                 verdict[candidate.name] = f"error: {err}"
         verdicts[name] = verdict
     try:
-        allocations = allocate_all(claims, classes, candidates)
+        allocations = allocate_all(claims, classes, candidates, SharedCounters.of(slices))
     except SelectorLimitError as err:
         raise ConfigError(f"{options.claim_file}, {err.path}", str(err)) from err
     return {
@@ -102,6 +100,18 @@ def build_report(options: ExplainOptions) -> JsonObject:
 
 def node_devices(options: ExplainOptions) -> list[JsonObject]:
     """The devices `dra serve` would publish on the simulated node, health applied."""
+    return _published(options)[1]
+
+
+def node_slices(options: ExplainOptions) -> list[JsonObject]:
+    """The ResourceSlices of the node's pool as `dra serve` would publish them: counter sets
+    in slices of their own, then the devices."""
+    inventory, devices = _published(options)
+    sets = counter_sets(inventory, quantity) if options.mig_mode == "dynamic" else []
+    return build_slices(_POOL, devices, 1, options.driver, sets)
+
+
+def _published(options: ExplainOptions) -> tuple[Inventory, list[JsonObject]]:
     load_config(options.config_file, {}, options.env)  # refused as `dra serve` would refuse it
     try:
         nvml = open_nvml(NodeSimulator(options.simulate))
@@ -118,7 +128,8 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
         policy = policy_from_env(options.env)
         unhealthy.update(events_health(Path(options.events_file), policy, inventory))
     shares, dynamic = options.gpu_sharing == "memory", options.mig_mode == "dynamic"
-    return build_devices(inventory, unhealthy, options.driver, options.taint, shares, dynamic)
+    devices = build_devices(inventory, unhealthy, options.driver, options.taint, shares, dynamic)
+    return inventory, devices
 
 
 def events_health(path: Path, policy: HealthPolicy, inventory: Inventory) -> dict[str, str]:
