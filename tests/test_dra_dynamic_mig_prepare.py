@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pynvml
 import pytest
 from test_dra_crash import TIMEOUT, until
 
@@ -27,6 +28,7 @@ from deviceplugin.dra.failpoints import (
     PREPARE_AFTER_COMPUTE_INSTANCE,
     PREPARE_AFTER_GPU_INSTANCE,
 )
+from deviceplugin.node.nvml_mig import MigModule
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import LIBRARY_DIR
 from deviceplugin.sim.pluginwatcher import PluginWatcher
@@ -319,3 +321,9 @@ def test_a_driver_killed_while_cutting_leaves_one_prepared_claim_and_no_orphan(p
             await server.stop()
 
     asyncio.run(body())
+
+
+def test_every_mig_changing_call_exists_in_pynvml() -> None:
+    calls = [name for name in MigModule.__dict__ if name.startswith(("nvml", "c_nvml"))]
+    assert len(calls) > 20
+    assert [name for name in calls if not hasattr(pynvml, name)] == []

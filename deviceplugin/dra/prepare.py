@@ -32,6 +32,11 @@ anew. Unprepare removes the spec before the entry, so a retry after a crash find
 finishes. A checkpoint of an earlier boot is dropped at start-up: nothing prepared survives a
 reboot. Files are written, fsynced and removed off the event loop. `failpoints.py` can stop the
 process between these steps, to prove it.
+
+Dynamic MIG partitions (`migcut.py`) are cut between the `PrepareStarted` checkpoint, which
+records the intended partition, and the spec: once cut, the claim is checkpointed again with
+what was made, and the partition's CDI device gets the edits of a MIG device. Unprepare destroys
+them after the spec, before the entry; start-up destroys those of a claim cut short.
 """
 
 from __future__ import annotations
