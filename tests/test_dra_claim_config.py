@@ -146,10 +146,9 @@ BAD = "status.allocation.devices.config[0].opaque.parameters"
             id="interval",
         ),
         pytest.param(
-            {**gpu_config(), "sharing": {"strategy": "MPS"}},
-            f"{BAD}.sharing.strategy: MPS is not supported by this driver; the one strategy is"
-            " TimeSlicing",
-            id="mps",
+            {**gpu_config(), "sharing": {"strategy": "Mps"}},
+            f"{BAD}.sharing.strategy: must be 'TimeSlicing' or 'MPS', got 'Mps'",
+            id="strategy",
         ),
         pytest.param(
             {**gpu_config(), "sharing": {"strategy": "TimeSlicing", "replicas": 4}},

@@ -106,8 +106,10 @@ def test_the_daemon_keeps_and_records_the_limits_it_is_told(control: Control) ->
 def test_quit_stops_the_daemon_and_a_new_one_may_start_at_once(control: Control) -> None:
     control.start()
     pid = int(control.limits()["pid"])  # type: ignore[call-overload]
+    assert (control.pipe / "nvidia-cuda-mps-control.pid").read_text() == f"{pid}\n"
     assert control.run(stdin="quit\n").returncode == 0
     assert not (control.pipe / LIMITS).exists()
+    assert not (control.pipe / "nvidia-cuda-mps-control.pid").exists()
     assert not (control.pipe / "control").exists()
     assert control.run(stdin="get_default_active_thread_percentage").returncode == 1
     control.start()

@@ -13,7 +13,8 @@ Each claim has a `state`: `PrepareStarted` while its CDI spec is being written, 
 `PrepareCompleted`, so a crash in between is found and undone at start-up. `bootID` is the
 node's boot that wrote the file: prepared state does not survive a reboot. Each device also
 records how it was set up, each key only when set (`adminAccess`, `shareID`, `sharing`,
-`timeSliceInterval`, and `migPartition` for a dynamic MIG partition: `migrecord.py`).
+`timeSliceInterval`, `mpsDaemon` `{uuid, pipeDir, pid}`: the device's MPS control daemon, and
+`migPartition` for a dynamic MIG partition: `migrecord.py`).
 
 Older versions are read and migrated one step at a time (`_MIGRATIONS`: version 1 had neither
 states nor a boot ID; its claims were all complete), and the next save writes the current
@@ -60,6 +61,15 @@ class CheckpointError(DevicePluginError):
 
 
 @record(frozen=True)
+class MpsDaemon:
+    """The MPS control daemon a device was prepared with (`mpsdevices.py`)."""
+
+    uuid: str  # the GPU or MIG device it serves
+    pipe_dir: str
+    pid: int = 0  # 0 until it is started
+
+
+@record(frozen=True)
 class PreparedDevice:
     """One allocated device as NodePrepareResources reports it, and how it was set up."""
 
@@ -72,6 +82,7 @@ class PreparedDevice:
     sharing: str = ""  # "TimeSlicing", or "" when not shared
     interval: str = ""  # the GPU's time slice when time-sliced
     partition: MigPartition | None = None  # a dynamic MIG partition this driver cuts
+    mps: MpsDaemon | None = None  # with MPS sharing
 
 
 @record(frozen=True)
@@ -255,7 +266,19 @@ def _device_entry(device: PreparedDevice) -> dict[str, Any]:
     entry.update({key: value for key, value in optional.items() if value})
     if device.partition is not None:
         entry["migPartition"] = partition_entry(device.partition)
+    if device.mps is not None:
+        daemon = device.mps
+        entry["mpsDaemon"] = {"uuid": daemon.uuid, "pipeDir": daemon.pipe_dir, "pid": daemon.pid}
     return entry
+
+
+def _daemon(entry: Mapping[str, Any] | None) -> MpsDaemon | None:
+    if entry is None:
+        return None
+    pid = entry["pid"]
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
+        raise ValueError(f"mpsDaemon.pid {pid!r} is not a process ID")
+    return MpsDaemon(str(entry["uuid"]), str(entry["pipeDir"]), pid)
 
 
 def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
@@ -277,6 +300,7 @@ def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
                 sharing=str(d.get("sharing", "")),
                 interval=str(d.get("timeSliceInterval", "")),
                 partition=read_partition(d["migPartition"]) if "migPartition" in d else None,
+                mps=_daemon(d.get("mpsDaemon")),
             )
             for d in entry["devices"]
         ),

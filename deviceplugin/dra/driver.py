@@ -56,6 +56,7 @@ from deviceplugin.dra.memorylimits import (
     nvml_library,
 )
 from deviceplugin.dra.migcut import ForeignInstance, MigCutter, blocked
+from deviceplugin.dra.mpsdevices import HOMES_DIR, MpsDevices
 from deviceplugin.dra.plugin import DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
@@ -184,6 +185,7 @@ class DraDriver:
             failpoints,
             self._clear_limits,
             self.cutter,
+            MpsDevices(self.dra_socket.parent / HOMES_DIR, self._set_compute_mode),
         )
         await self.preparer.load()
         await self._scan_foreign()
@@ -428,6 +430,12 @@ class DraDriver:
         if nvml is None or not records.is_dir():
             return ""
         return clear_claim(records, claim_uid, nvml.clear_memory_limit)
+
+    async def _set_compute_mode(self, uuid: str, mode: int) -> None:
+        """For the MPS daemons: a device's compute mode, through this driver's NVML."""
+        nvml = self.engine.nvml
+        assert nvml is not None  # claims are prepared only by a driver with NVML
+        await asyncio.to_thread(nvml.set_compute_mode, uuid, mode)
 
     async def _report_health(self) -> None:
         """The kubelet's health streams (`devicehealth.py`) get the devices' health now."""

@@ -9,21 +9,27 @@ An allocation carries `status.allocation.devices.config[]`: the class's entries
     apiVersion: deviceplugin.nvidia.com/v1alpha1    # this driver's API
     kind: GpuConfig                                 # a whole GPU; MigDeviceConfig: a MIG device
     sharing:                                        # optional: without it, nothing is shared
-      strategy: TimeSlicing                         # the one strategy
-      timeSlicingConfig:                            # GpuConfig only
+      strategy: TimeSlicing                         # or MPS
+      timeSlicingConfig:                            # GpuConfig, TimeSlicing only
         interval: Default                           # Default, Short, Medium or Long
+      mpsConfig:                                    # MPS only: the claim's client limits
+        defaultActiveThreadPercentage: 50           # 1 to 100
+        defaultPinnedDeviceMemoryLimit: 10Gi        # every device of the claim
+        defaultPerDevicePinnedMemoryLimit: {"0": 8Gi}   # by index in the claim, or UUID
 
 NVIDIA's DRA driver's `resource.nvidia.com/v1beta1` GpuConfig and MigDeviceConfig have this
-shape, so parameters written for it are accepted as they are (its MPS strategy is refused: this
-driver runs no MPS daemon). Every entry of ours is validated, used or not, so a typo is an error
-(`OpaqueConfigError`, whose path starts at `status.allocation.devices.config[<i>]`), not a
-silently unshared GPU. A device takes the last entry that covers its request, claim entries
-after class entries, so a claim overrides its class; a GpuConfig that reaches a MIG device, or a
-MigDeviceConfig a GPU, is an error naming the entry and the device.
+shape, so parameters written for it are accepted as they are (`mpsdevices.py` runs the MPS
+daemons, one per device, shared by its claims). Every entry of ours is validated, used or not,
+so a typo is an error (`OpaqueConfigError`, whose path starts at
+`status.allocation.devices.config[<i>]`), not a silently unshared GPU. A device takes the last
+entry that covers its request, claim entries after class entries, so a claim overrides its
+class; a GpuConfig that reaches a MIG device, or a MigDeviceConfig a GPU, is an error naming the
+entry and the device.
 
 How the settings take effect: they are recorded with the prepared claim (the checkpoint) and
 handed to the container in its CDI device's environment (`device_env`), for the workload and
 the tools that set the GPU's scheduler; the driver does not change the GPU's time slice itself.
+MPS is set up by the driver: `mpsclient.py` turns the limits into the container's edits.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from deviceplugin.dra.opaquetypes import TIME_SLICING, OpaqueConfigError
+from deviceplugin.dra.opaquetypes import MpsSettings, OpaqueConfigError
 from deviceplugin.model.record import record
 
 API_VERSION = "deviceplugin.nvidia.com/v1alpha1"
@@ -44,12 +50,14 @@ SOURCES = ("FromClass", "FromClaim")  # the order in which entries apply
 
 @record(frozen=True)
 class DeviceSettings:
-    """How one allocated device is set up: shared by time-slicing or not, with a GPU's time
-    slice; `origin` is the config entry that said so ("" for the default, exclusive)."""
+    """How one allocated device is set up: shared by time-slicing, by MPS or not, with a GPU's
+    time slice or the MPS limits; `origin` is the config entry that said so ("" for the
+    default, exclusive)."""
 
-    sharing: str = ""  # "TimeSlicing", or "" for not shared
+    sharing: str = ""  # "TimeSlicing", "MPS", or "" for not shared
     interval: str = ""  # a GPU's time slice when time-sliced: Default, Short, Medium or Long
     origin: str = ""
+    mps: MpsSettings | None = None  # with MPS
 
 
 EXCLUSIVE = DeviceSettings()
@@ -127,11 +135,9 @@ def _parse(parameters: object, path: str) -> tuple[str, DeviceSettings]:
     # pydantic and the models load with the first claim that carries parameters of ours
     from deviceplugin.dra.opaqueschema import sharing_of
 
-    shared, interval = sharing_of(kind, parameters, path)
+    strategy, interval, mps = sharing_of(kind, parameters, path)
     origin = path.removesuffix(".opaque.parameters")
-    if not shared:
-        return kind, DeviceSettings(origin=origin)
-    return kind, DeviceSettings(TIME_SLICING, interval, origin)
+    return kind, DeviceSettings(strategy, interval, origin, mps)
 
 
 def device_env(device: str, settings: DeviceSettings, admin: bool, share: str) -> list[str]:

@@ -10,8 +10,9 @@ checkpoints the answer. CDI names, for driver `gpu.nvidia.com`:
 - one device `<claim-uid>-<device>` per allocated device (`<uid>-gpu-0`, `<uid>-gpu-0-mig-7-0`;
   `<uid>-<device>-<share-id>` for one share of a shared device) carrying its device nodes and
   the environment of its settings (`opaque.py`: time-slicing from the opaque config, admin
-  access, the share ID), and the driver's common edits at spec level (applied once when any
-  device of the claim is injected);
+  access, the share ID; with MPS, the pipe and shm of the device's daemon, `mpsdevices.py`,
+  and the claim's limits, `mpsclient.py`), and the driver's common edits at spec level
+  (applied once when any device of the claim is injected);
 - file `k8s.gpu.nvidia.com-claim_<uid>.json` in the CDI directory (the transient-spec name CDI
   libraries use), so Unprepare finds it from the UID alone, even without a checkpoint entry.
 
@@ -56,6 +57,7 @@ from deviceplugin.dra.checkpoint import (
     VERSION,
     Checkpoint,
     CheckpointError,
+    MpsDaemon,
     PreparedClaim,
     PreparedDevice,
     Saved,
@@ -69,6 +71,8 @@ from deviceplugin.dra.failpoints import (
 from deviceplugin.dra.memorylimits import LimitHook
 from deviceplugin.dra.migcut import CutError, MigCutter, cut_device
 from deviceplugin.dra.migrecord import MigPartition
+from deviceplugin.dra.mpsclient import MIB, client_edits, mixing_problem, second_mps_device
+from deviceplugin.dra.mpsdevices import MpsDevices
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
     EXCLUSIVE,
@@ -89,7 +93,7 @@ from deviceplugin.model.cdi import (
     minimum_cdi_version,
 )
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice, MigProfile
-from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from deviceplugin.model.log import log_event
 from deviceplugin.model.memoryshares import MEMORY, MEMORY_LIMIT_ENV
@@ -97,6 +101,7 @@ from deviceplugin.model.migpartitions import partition_name, partitionable, part
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import device_name, physical_devices
 from deviceplugin.node.cdiwriter import SpecWriter, describe
+from deviceplugin.node.mpsdaemon import CONTROL_PROGRAM, control_program
 from deviceplugin.ops.drastatus import CheckpointUnusable
 from deviceplugin.runtime.kubeclient import KubeError
 
@@ -122,6 +127,8 @@ CDI_SPEC = "cdi-spec"  # the spec cannot be written
 CHECKPOINT = "checkpoint"  # the checkpoint cannot be saved
 LOCKED = "locked"  # another driver process holds the node's lock
 NO_CUTTER = "no-mig-cutter"  # a dynamic MIG partition, on a driver that cannot cut one
+MPS_DAEMON = "mps-daemon"  # the device's MPS control daemon cannot be started
+MIXED_SHARING = "mixed-sharing"  # MPS and not on one device
 
 
 class ClaimReader(Protocol):
@@ -258,6 +265,7 @@ class Preparer:
         failpoints: Failpoints | None = None,
         clear_limits: Callable[[str], str] | None = None,
         cutter: MigCutter | None = None,
+        mps: MpsDevices | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -268,6 +276,7 @@ class Preparer:
         self._failpoints = failpoints or Failpoints()
         self._clear_limits = clear_limits  # a claim's share caps cleared; why not, or ""
         self._cutter = cutter  # dynamic MIG: cuts and removes partitions
+        self._mps = mps  # the devices' MPS control daemons
         self._claims: dict[str, PreparedClaim] = {}
         self.unusable: CheckpointUnusable | None = None  # checkpoints set aside since start
         self._lock = asyncio.Lock()
@@ -306,7 +315,17 @@ class Preparer:
                         path=str(self.spec_path(uid)),
                         error=describe(err),
                     )
-            if dropped or saved.version != VERSION or saved.boot_id != self._checkpoint.boot_id:
+            adopted = self._claims
+            if self._mps is not None:
+                adopted = await self._mps.adopt(self._claims, *self._mps_node())
+            changed = adopted != self._claims
+            self._claims = adopted
+            if (
+                changed
+                or dropped
+                or saved.version != VERSION
+                or saved.boot_id != self._checkpoint.boot_id
+            ):
                 await self._save_or_log(self._claims)
         log_event(logger, "dra.checkpoint.loaded", claims=len(self._claims), boot_id=saved.boot_id)
 
@@ -361,8 +380,12 @@ class Preparer:
                     except PrepareError as err:
                         _log_failed(ref, ref.uid, str(err))
                         outcomes[ref.uid] = Outcome(error=str(err), reason=err.reason)
+                if fresh and self._mps is not None:
+                    fresh = await self._attach(fresh, outcomes)
                 if fresh:
                     outcomes.update(await self._commit(fresh))
+                if self._mps is not None:  # a daemon started for a claim that failed
+                    await self._mps.settle(self._claims, *self._mps_node())
         except (LockTimeout, OSError) as err:
             why = self._not_locked(err)
             for ref in claims:
@@ -402,6 +425,8 @@ class Preparer:
                 if removed:
                     self._failpoints.reach(UNPREPARE_AFTER_CDI_SPEC_REMOVED)
                     remaining = {u: c for u, c in self._claims.items() if u not in removed}
+                    if self._mps is not None:  # a crash next finds the entry and retries
+                        await self._mps.settle(remaining, *self._mps_node())
                     try:
                         await asyncio.to_thread(self._checkpoint.save, remaining)
                         self._claims = remaining
@@ -423,6 +448,26 @@ class Preparer:
     def _serialized(self) -> contextlib.AbstractAsyncContextManager[None]:
         """This process's lock, then the node's."""
         return _both(self._lock, self._node_lock)
+
+    def _mps_node(self) -> tuple[str, dict[str, str]]:
+        """The driver root (its control program) and each device name's UUID, for the daemons."""
+        uuids = {name: (mig or gpu).uuid for name, (gpu, mig) in self._devices.by_name.items()}
+        return self._devices.options.driver_root, uuids
+
+    async def _attach(
+        self,
+        fresh: dict[str, tuple[PreparedClaim, JsonObject | None]],
+        outcomes: dict[str, Outcome],
+    ) -> dict[str, tuple[PreparedClaim, JsonObject | None]]:
+        """The planned claims with their MPS devices' daemons running; those whose daemon could
+        not be started get their outcome."""
+        assert self._mps is not None
+        planned = {uid: claim for uid, (claim, _) in fresh.items()}
+        ready, failed = await self._mps.attach(planned, self._claims, self._mps_node()[0])
+        for uid, why in failed.items():
+            _log_failed(planned[uid], uid, why)
+            outcomes[uid] = Outcome(error=why, reason=MPS_DAEMON)
+        return {uid: (claim, fresh[uid][1]) for uid, claim in ready.items()}
 
     def _not_locked(self, err: LockTimeout | OSError) -> str:
         """Why the node's lock was not taken: held too long elsewhere, or its file unusable."""
@@ -533,13 +578,18 @@ class Preparer:
             entries = read_entries(allocated, self.driver)
         except OpaqueConfigError as err:
             raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
-        devices = []
+        devices: list[PreparedDevice] = []
         edits: dict[str, JsonObject] = {}
         for index, result in enumerate(allocated.get("results") or []):
             if result.get("driver") != self.driver:
                 continue
             device, cdi_name, device_edits = self._result(ref, index, result, entries, others)
             edits.setdefault(cdi_name, device_edits)
+            first = next((d for d in devices if d.mps is not None), None)
+            if device.mps is not None and first is not None and first.device != device.device:
+                raise PrepareError(
+                    second_mps_device(str(ref), first.device, device.device, index), INVALID_CONFIG
+                )
             devices.append(device)
         planned = PreparedClaim(ref.namespace, ref.name, tuple(devices), STARTED)
         return planned, (edits if edits else None)
@@ -595,6 +645,11 @@ class Preparer:
         except CdiError as err:
             raise PrepareError(f"ResourceClaim {ref}: {err}", HOST_FILES) from err
         env = device_env(name, settings, admin, share)
+        daemon = None
+        if settings.mps is not None:
+            daemon, client = self._mps_client(ref, name, found, settings, limit)
+            env.extend(client["env"])
+            edits["mounts"] = [*edits.get("mounts", []), *client["mounts"]]
         if limit is not None:
             env.append(f"{MEMORY_LIMIT_ENV}={limit}")
             edits["hooks"] = [
@@ -615,9 +670,43 @@ class Preparer:
             partition=None
             if cutting is None
             else MigPartition(cutting[0].uuid, cutting[1].profile_id, cutting[2], cutting[3]),
+            mps=daemon,
         )
         _check_neighbours(ref, device, settings, others)
         return device, cdi_name, edits
+
+    def _mps_client(
+        self,
+        ref: ClaimRef,
+        name: str,
+        found: tuple[Gpu, MigDevice | None],
+        settings: DeviceSettings,
+        share: int | None,
+    ) -> tuple[MpsDaemon, JsonObject]:
+        """The daemon `name` is prepared with (started at commit) and the edits that reach it
+        with the claim's limits, at most its memory share or the device's memory."""
+        assert settings.mps is not None
+        field = f"{settings.origin}.opaque.parameters.sharing.strategy"
+        if self._mps is None:
+            raise PrepareError(f"ResourceClaim {ref}: {field}: this driver runs no MPS", MPS_DAEMON)
+        root = self._devices.options.driver_root
+        try:
+            control_program(root)
+        except ConfigError:
+            why = f"MPS needs NVIDIA's control program, and the driver root {root} has no"
+            raise PrepareError(
+                f"ResourceClaim {ref}: {field}: {why} executable {CONTROL_PROGRAM}", MPS_DAEMON
+            ) from None
+        device = found[1] or found[0]
+        home = self._mps.home(name)
+        ceiling, what = device.memory_mib * MIB, f"the memory of {name}"
+        if share is not None:
+            ceiling, what = share, f"the claim's memory share of {name}"
+        try:
+            client = client_edits(settings.mps, device.uuid, ceiling, what, home)
+        except OpaqueConfigError as err:
+            raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
+        return MpsDaemon(device.uuid, home.pipe_dir), client
 
     def _cap(self, field: str, ref: ClaimRef, share: str, gpu: Gpu, limit: int) -> JsonObject:
         """The hook that caps a share; PrepareError when this GPU's cap cannot be set."""
@@ -835,6 +924,10 @@ def _check_neighbours(
                     "claims share a device only with admin access or each with its own share ID",
                     OVERLAP,
                 )
+            if not (held.admin_access or device.admin_access) and (
+                mixed := mixing_problem(held.sharing, device.sharing, settings.origin)
+            ):
+                raise PrepareError(f"ResourceClaim {ref}: {mixed} ({holder})", MIXED_SHARING)
             if device.interval and held.interval not in ("", device.interval):
                 raise PrepareError(
                     f"ResourceClaim {ref}: {settings.origin} asks time slice "

@@ -14,7 +14,8 @@
  * (default /var/log/nvidia-mps) in NVIDIA's line format. The limits in effect are written whole
  * to `deviceplugin-sim-mps.json` in the pipe directory after every change and removed at `quit`:
  * `{"pid": P, "activeThreadPercentage": 25.0, "pinnedDeviceMemoryLimitMiB": {"0": 20480}}`,
- * keyed by the device as the command named it (an index or a UUID).
+ * keyed by the device as the command named it (an index or a UUID). Like NVIDIA's, the daemon
+ * keeps its pid in `nvidia-cuda-mps-control.pid` in the pipe directory while it runs.
  *
  * Commands: set_default_active_thread_percentage P (0 < P <= 100), get_default_active_thread_percentage,
  * set_default_device_pinned_mem_limit DEV LIMIT (DEV an index or a GPU-/MIG- UUID; LIMIT a
@@ -44,6 +45,7 @@
 #define DEFAULT_PIPE_DIR "/tmp/nvidia-mps"
 #define DEFAULT_LOG_DIR "/var/log/nvidia-mps"
 #define LIMITS_FILE "deviceplugin-sim-mps.json"
+#define PID_FILE "nvidia-cuda-mps-control.pid"
 #define MAX_DEVICES 128
 #define MAX_LINE 4096
 #define NO_DAEMON "Cannot find MPS control daemon process"
@@ -131,6 +133,14 @@ static void record_limits(void) {
         say("cannot write %s: %s", path, strerror(errno));
         unlink(scratch);
     }
+}
+
+/* The daemon's pid where NVIDIA's keeps it, for a supervisor that outlives its own restarts. */
+static void record_pid(void) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/" PID_FILE, pipe_dir);
+    FILE *out = fopen(path, "we");
+    if (!out || fprintf(out, "%d\n", (int)getpid()) < 0 || fclose(out) != 0) say("cannot write %s", path);
 }
 
 static int refuse(char *answer, size_t size, const char *format, ...) __attribute__((format(printf, 3, 4)));
@@ -241,6 +251,8 @@ static void leave(void) {
     char path[PATH_MAX + 32];
     limits_path(path, sizeof path);
     unlink(path);
+    snprintf(path, sizeof path, "%s/" PID_FILE, pipe_dir);
+    unlink(path);
     unlink(address.sun_path);
     close(lock_fd);
 }
@@ -299,6 +311,7 @@ static int open_daemon(char *why, size_t size) {
     say("Starting control daemon using socket %s", address.sun_path);
     say("To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=%s", pipe_dir);
     record_limits();
+    record_pid();
     return listener;
 }
 
