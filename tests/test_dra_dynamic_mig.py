@@ -3,8 +3,8 @@ simulated libnvidia-ml.so.1 (whose placements are NVIDIA's; the Python fake cann
 MIG layout, so the C library is the oracle here): every MIG-capable GPU whole and as every
 profile x placement with NVIDIA's names, one counter set per GPU in slices of their own that
 the API-server stand-in accepts under 1.37's rules, counters that admit exactly the combinations
-the library can create, an Xid taking out a GPU's every device, and Prepare of a partition
-refused as not yet supported."""
+the library can create, and an Xid taking out a GPU's every device (Prepare and Unprepare of a
+partition: test_dra_dynamic_mig_prepare.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.model.slices import build_devices, build_slices, quantity
 from deviceplugin.node.discovery import discover
 from deviceplugin.runtime.options import DraServeOptions, ExplainOptions
-from tests.draplugin import DRIVER, claim, published, run, running_driver
+from tests.draplugin import published, run, running_driver
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = "a100-80gb-x8-dynamic"
@@ -239,21 +239,6 @@ def test_an_xid_takes_out_the_whole_gpu_and_every_partition_of_it() -> None:
                 for name in expected_names(well.minor)
             )
             assert node.server.rejected == []
-
-    run(body)
-
-
-def test_prepare_of_a_partition_is_refused_as_not_yet_supported_and_a_whole_gpu_prepares() -> None:
-    async def body() -> None:
-        async with running_driver(PRESET, library=True, mig_mode="dynamic") as node:
-            part = node.add_claim(claim("part", [("mig", "gpu-0-mig-1g10gb-19-0")]))
-            whole = node.add_claim(claim("whole", [("gpu", "gpu-1")]))
-            done = await node.watcher.prepare(DRIVER, [part, whole])
-            error = done.claims[part[2]].error
-            assert "gpu-0-mig-1g10gb-19-0" in error and "not yet supported" in error, error
-            assert done.claims[whole[2]].error == ""
-            cdi = sorted(p.name for p in node.cdi_dir.glob("*.json"))
-            assert cdi == [f"k8s.{DRIVER}-claim_{whole[2]}.json"]
 
     run(body)
 

@@ -13,7 +13,8 @@ Each claim has a `state`: `PrepareStarted` while its CDI spec is being written, 
 `PrepareCompleted`, so a crash in between is found and undone at start-up. `bootID` is the
 node's boot that wrote the file: prepared state does not survive a reboot. Each device also
 records how it was set up, each key only when set (`adminAccess`, `shareID`, `sharing`,
-`timeSliceInterval`, and `mpsDaemon` `{uuid, pipeDir, pid}`: the device's MPS control daemon).
+`timeSliceInterval`, `mpsDaemon` `{uuid, pipeDir, pid}`: the device's MPS control daemon, and
+`migPartition` for a dynamic MIG partition: `migrecord.py`).
 
 Older versions are read and migrated one step at a time (`_MIGRATIONS`: version 1 had neither
 states nor a boot ID; its claims were all complete), and the next save writes the current
@@ -38,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from deviceplugin.dra.migrecord import MigPartition, partition_entry, read_partition
 from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.record import record
 from deviceplugin.node.cdiwriter import SpecWriter, describe, render
@@ -79,6 +81,7 @@ class PreparedDevice:
     share_id: str = ""
     sharing: str = ""  # "TimeSlicing", or "" when not shared
     interval: str = ""  # the GPU's time slice when time-sliced
+    partition: MigPartition | None = None  # a dynamic MIG partition this driver cuts
     mps: MpsDaemon | None = None  # with MPS sharing
 
 
@@ -94,6 +97,11 @@ class PreparedClaim:
     @property
     def completed(self) -> bool:
         return self.state == COMPLETED
+
+    @property
+    def partitions(self) -> tuple[MigPartition, ...]:
+        """The dynamic MIG partitions it cuts."""
+        return tuple(d.partition for d in self.devices if d.partition is not None)
 
 
 @record(frozen=True)
@@ -256,6 +264,8 @@ def _device_entry(device: PreparedDevice) -> dict[str, Any]:
         "timeSliceInterval": device.interval,
     }
     entry.update({key: value for key, value in optional.items() if value})
+    if device.partition is not None:
+        entry["migPartition"] = partition_entry(device.partition)
     if device.mps is not None:
         daemon = device.mps
         entry["mpsDaemon"] = {"uuid": daemon.uuid, "pipeDir": daemon.pipe_dir, "pid": daemon.pid}
@@ -289,6 +299,7 @@ def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
                 share_id=str(d.get("shareID", "")),
                 sharing=str(d.get("sharing", "")),
                 interval=str(d.get("timeSliceInterval", "")),
+                partition=read_partition(d["migPartition"]) if "migPartition" in d else None,
                 mps=_daemon(d.get("mpsDaemon")),
             )
             for d in entry["devices"]

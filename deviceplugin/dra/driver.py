@@ -55,6 +55,7 @@ from deviceplugin.dra.memorylimits import (
     install_hook,
     nvml_library,
 )
+from deviceplugin.dra.migcut import ForeignInstance, MigCutter, blocked
 from deviceplugin.dra.mpsdevices import HOMES_DIR, MpsDevices
 from deviceplugin.dra.plugin import DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
@@ -73,6 +74,7 @@ from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.log import log_event
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostscan import scan_host
+from deviceplugin.node.nvml_mig import MigControl
 from deviceplugin.ops.drametrics import DraMetrics
 from deviceplugin.ops.drastatus import DraStatus, Pool
 from deviceplugin.runtime.background import spawn
@@ -123,6 +125,8 @@ class DraDriver:
         self.slice_watch: SliceWatch | None = None
         self._slice_watch_task: asyncio.Task[None] | None = None
         self.preparer: Preparer | None = None
+        self.cutter: MigCutter | None = None  # dynamic MIG: cuts partitions at Prepare
+        self._foreign: tuple[ForeignInstance, ...] = ()  # MIG instances this driver did not make
         self._api: KubeApi | None = None
         self._plugin_watcher = False  # the kubelet's plugins_registry/ was there at start
         self._started = False
@@ -151,6 +155,8 @@ class DraDriver:
             self._started = self._idle = True
             return
         inventory = await engine.discover_first()
+        if self.dynamic_mig and engine.nvml is not None:
+            self.cutter = MigCutter(MigControl(engine.nvml), failpoints)
         api = self._api = connect(settings.kubeconfig, settings.env)  # sends nothing yet
         self.publisher = SlicePublisher(
             api,
@@ -178,9 +184,11 @@ class DraDriver:
             devices,
             failpoints,
             self._clear_limits,
+            self.cutter,
             MpsDevices(self.dra_socket.parent / HOMES_DIR, self._set_compute_mode),
         )
         await self.preparer.load()
+        await self._scan_foreign()
         await self._report_health()
         self.dra = DraServer(self.preparer, self.dra_socket, self.health, observer=self.metrics)
         await self.dra.start()
@@ -299,6 +307,7 @@ class DraDriver:
         """Prepare maps to `devices` from now on; health and slices follow (Planner)."""
         assert self.preparer is not None and self.publisher is not None
         self.preparer.use(devices)
+        await self._scan_foreign()
         await self._report_health()
         self._publish()
         self.publisher.request_refresh()
@@ -339,6 +348,7 @@ class DraDriver:
             device_plugin_conflict=self._conflict(),
             slice_watch_error=self.slice_watch.error if self.slice_watch is not None else None,
             write_refused=self.publisher.refusal if self.publisher is not None else None,
+            foreign_mig_instances=tuple(f.describe() for f in self._foreign),
         )
 
     # --- internals ------------------------------------------------------------------------------
@@ -438,7 +448,27 @@ class DraDriver:
         now."""
         inventory = self.engine.inventory
         if self.publisher is not None and inventory is not None:
-            self.publisher.want(self._publishable(inventory), self.engine.unhealthy)
+            taken = blocked(inventory, self._foreign)
+            self.publisher.want(self._publishable(inventory), self.engine.unhealthy, taken)
+
+    async def _scan_foreign(self) -> None:
+        """Dynamic MIG: find the MIG instances no partition of the checkpoint accounts for (off
+        the loop), logged when they change; the partitions they overlap are published
+        tainted."""
+        inventory = self.engine.inventory
+        if self.cutter is None or inventory is None or self.preparer is None:
+            return
+        recorded = self.preparer.partitions
+        found = tuple(await asyncio.to_thread(self.cutter.foreign, inventory, recorded))
+        if found != self._foreign and found:
+            log_event(
+                logger,
+                "dra.mig.foreign",
+                logging.WARNING,
+                instances=[f.describe() for f in found],
+                hint="left alone; the partitions they overlap are published tainted",
+            )
+        self._foreign = found
 
     def _registration_status(self, registered: bool, error: str) -> None:
         if registered and self.publisher is not None:

@@ -26,7 +26,17 @@ PREPARE_AFTER_CDI_SPEC = "prepare-after-cdi-spec"
 PREPARE_AFTER_CHECKPOINT = "prepare-after-checkpoint"
 # The spec is gone; the checkpoint still lists the claim.
 UNPREPARE_AFTER_CDI_SPEC_REMOVED = "unprepare-after-cdi-spec-removed"
-POINTS = (PREPARE_AFTER_CDI_SPEC, PREPARE_AFTER_CHECKPOINT, UNPREPARE_AFTER_CDI_SPEC_REMOVED)
+# Dynamic MIG: a partition's GPU instance exists, its compute instance not yet.
+PREPARE_AFTER_GPU_INSTANCE = "prepare-after-gpu-instance"
+# Dynamic MIG: the compute instance exists too; the checkpoint does not record either.
+PREPARE_AFTER_COMPUTE_INSTANCE = "prepare-after-compute-instance"
+POINTS = (
+    PREPARE_AFTER_CDI_SPEC,
+    PREPARE_AFTER_CHECKPOINT,
+    UNPREPARE_AFTER_CDI_SPEC_REMOVED,
+    PREPARE_AFTER_GPU_INSTANCE,
+    PREPARE_AFTER_COMPUTE_INSTANCE,
+)
 
 
 @record(frozen=True)

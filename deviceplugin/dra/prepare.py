@@ -33,12 +33,18 @@ anew. Unprepare removes the spec before the entry, so a retry after a crash find
 finishes. A checkpoint of an earlier boot is dropped at start-up: nothing prepared survives a
 reboot. Files are written, fsynced and removed off the event loop. `failpoints.py` can stop the
 process between these steps, to prove it.
+
+Dynamic MIG partitions (`migcut.py`) are cut between the `PrepareStarted` checkpoint, which
+records the intended partition, and the spec: once cut, the claim is checkpointed again with
+what was made, and the partition's CDI device gets the edits of a MIG device. Unprepare destroys
+them after the spec, before the entry; start-up destroys those of a claim cut short.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -63,6 +69,8 @@ from deviceplugin.dra.failpoints import (
     Failpoints,
 )
 from deviceplugin.dra.memorylimits import LimitHook
+from deviceplugin.dra.migcut import CutError, MigCutter, cut_device
+from deviceplugin.dra.migrecord import MigPartition
 from deviceplugin.dra.mpsclient import MIB, client_edits, mixing_problem, second_mps_device
 from deviceplugin.dra.mpsdevices import MpsDevices
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
@@ -84,7 +92,7 @@ from deviceplugin.model.cdi import (
     device_edits,
     minimum_cdi_version,
 )
-from deviceplugin.model.devices import Gpu, Inventory, MigDevice
+from deviceplugin.model.devices import Gpu, Inventory, MigDevice, MigProfile
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from deviceplugin.model.log import log_event
@@ -118,7 +126,7 @@ TIME_SLICE = "time-slice"  # another time slice than the GPU runs
 CDI_SPEC = "cdi-spec"  # the spec cannot be written
 CHECKPOINT = "checkpoint"  # the checkpoint cannot be saved
 LOCKED = "locked"  # another driver process holds the node's lock
-NOT_SUPPORTED = "not-supported"  # a dynamic MIG partition: cutting it is not built yet
+NO_CUTTER = "no-mig-cutter"  # a dynamic MIG partition, on a driver that cannot cut one
 MPS_DAEMON = "mps-daemon"  # the device's MPS control daemon cannot be started
 MIXED_SHARING = "mixed-sharing"  # MPS and not on one device
 
@@ -182,7 +190,10 @@ class NodeDevices:
     memory_shares: bool = False  # whole GPUs are published shareable by memory
     limit_hook: LimitHook | None = None  # what caps a share (memorylimits.py)
     limited: frozenset[str] = frozenset()  # GPU UUIDs whose NVML has per-cgroup memory limits
-    partitions: frozenset[str] = frozenset()  # dynamic MIG partition names, none cut yet
+    # dynamic MIG: each partition's name -> its GPU, profile and placement (start, size)
+    partitions: Mapping[str, tuple[Gpu, MigProfile, int, int]] = dataclasses.field(
+        default_factory=dict
+    )
 
     @property
     def cdi(self) -> tuple[HostScan, CdiOptions]:
@@ -204,13 +215,13 @@ class NodeDevices:
         GPU is published whole and as its partitions instead."""
         found = physical_devices(inventory, dynamic_mig)
         by_name = {device_name(gpu, mig): (gpu, mig) for gpu, mig in found}
-        cut = (
-            partition_name(gpu, profile, start)
+        cut = {
+            partition_name(gpu, profile, start): (gpu, profile, start, size)
             for gpu in inventory.gpus
             if dynamic_mig and partitionable(gpu)
-            for profile, start, _ in partitions(gpu)
-        )
-        return cls(by_name, scan, options, memory_shares, limit_hook, limited, frozenset(cut))
+            for profile, start, size in partitions(gpu)
+        }
+        return cls(by_name, scan, options, memory_shares, limit_hook, limited, cut)
 
 
 def _refused(claims: Sequence[ClaimRef]) -> dict[str, str]:
@@ -253,6 +264,7 @@ class Preparer:
         devices: NodeDevices,
         failpoints: Failpoints | None = None,
         clear_limits: Callable[[str], str] | None = None,
+        cutter: MigCutter | None = None,
         mps: MpsDevices | None = None,
     ) -> None:
         self.driver = driver
@@ -263,6 +275,7 @@ class Preparer:
         self._devices = devices
         self._failpoints = failpoints or Failpoints()
         self._clear_limits = clear_limits  # a claim's share caps cleared; why not, or ""
+        self._cutter = cutter  # dynamic MIG: cuts and removes partitions
         self._mps = mps  # the devices' MPS control daemons
         self._claims: dict[str, PreparedClaim] = {}
         self.unusable: CheckpointUnusable | None = None  # checkpoints set aside since start
@@ -280,8 +293,16 @@ class Preparer:
             if saved is None:
                 return
             dropped = self._stale(saved)
+            now = self._checkpoint.boot_id
+            rebooted = bool(saved.boot_id and now and saved.boot_id != now)
             self._claims = {u: c for u, c in saved.claims.items() if u not in dropped}
             for uid in dropped:
+                # MIG instances do not survive a reboot: any there now are someone else's
+                why = "" if rebooted else await self._release(saved.claims[uid])
+                if why:
+                    self._claims[uid] = replace(saved.claims[uid], state=STARTED)
+                    log_event(logger, "dra.mig.orphaned", logging.ERROR, uid=uid, error=why)
+                    continue
                 try:
                     await asyncio.to_thread(SpecWriter(self.spec_path(uid)).remove)
                 except OSError as err:
@@ -322,6 +343,11 @@ class Preparer:
     def prepared(self) -> Mapping[str, PreparedClaim]:
         """The claims prepared to completion."""
         return {uid: claim for uid, claim in self._claims.items() if claim.completed}
+
+    @property
+    def partitions(self) -> list[MigPartition]:
+        """Every dynamic MIG partition the checkpoint records, prepared or being prepared."""
+        return [p for claim in self._claims.values() for p in claim.partitions]
 
     def spec_path(self, uid: str) -> Path:
         return self.cdi_dir / spec_file_name(self.driver, uid)
@@ -388,6 +414,10 @@ class Preparer:
                         await asyncio.to_thread(SpecWriter(path).remove)
                     except OSError as err:
                         errors[ref.uid] = f"removing CDI spec {path}: {describe(err)}"
+                        continue
+                    known = self._claims.get(ref.uid)
+                    if known is not None and (why := await self._release(known)):
+                        errors[ref.uid] = why  # the entry stays: the kubelet's retry finishes
                         continue
                     errors[ref.uid] = ""
                     if (known := self._claims.get(ref.uid)) is not None:
@@ -531,9 +561,9 @@ class Preparer:
     def _plan(
         self, ref: ClaimRef, claim: JsonObject, others: Mapping[str, PreparedClaim]
     ) -> tuple[PreparedClaim, JsonObject | None]:
-        """The claim as it will be prepared (`PrepareStarted`) and its CDI spec (None when it
-        has no device of ours); nothing is written. `others` are the claims prepared so far.
-        Raises PrepareError."""
+        """The claim as it will be prepared (`PrepareStarted`) and its CDI devices' edits by
+        name (None when it has no device of ours); nothing is written. `others` are the claims
+        prepared so far. Raises PrepareError."""
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
             raise PrepareError(
@@ -562,7 +592,7 @@ class Preparer:
                 )
             devices.append(device)
         planned = PreparedClaim(ref.namespace, ref.name, tuple(devices), STARTED)
-        return planned, (self._spec(edits) if edits else None)
+        return planned, (edits if edits else None)
 
     def _result(
         self,
@@ -578,13 +608,15 @@ class Preparer:
         name, pool = str(result.get("device", "")), str(result.get("pool", ""))
         request = str(result.get("request", ""))
         found = self._devices.by_name.get(name) if pool == self.pool else None
-        if found is None and pool == self.pool and name in self._devices.partitions:
-            raise PrepareError(
-                f"ResourceClaim {ref}: device {name!r} is a dynamic MIG partition: cutting MIG"
-                " partitions at Prepare is not yet supported (dra serve --mig-mode dynamic"
-                " publishes them for the scheduler only); claim a whole GPU instead",
-                NOT_SUPPORTED,
-            )
+        cutting = self._devices.partitions.get(name) if pool == self.pool else None
+        if found is None and cutting is not None:
+            if self._cutter is None:
+                raise PrepareError(
+                    f"ResourceClaim {ref}: device {name!r} is a dynamic MIG partition and this"
+                    " driver's NVML cannot cut one",
+                    NO_CUTTER,
+                )
+            found = (cutting[0], None)
         if found is None:
             raise PrepareError(
                 f"ResourceClaim {ref}: device {name!r} of pool {pool!r} is not a device "
@@ -598,17 +630,18 @@ class Preparer:
             )
         admin = result.get("adminAccess") is True
         try:
-            settings = EXCLUSIVE if admin else settings_for(entries, request, name, bool(found[1]))
+            mig = found[1] is not None or cutting is not None
+            settings = EXCLUSIVE if admin else settings_for(entries, request, name, mig)
         except OpaqueConfigError as err:
             raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
         where = f"ResourceClaim {ref}: {RESULTS_PATH}[{index}]"
         try:
-            limit = share_limit(result, name, found[1] is not None, self._devices.memory_shares)
+            limit = share_limit(result, name, mig, self._devices.memory_shares)
             refuse_time_slicing(limit, settings.sharing, settings.origin)
         except ShareError as err:
             raise PrepareError(f"{where}{err}", INVALID_CONFIG) from err
-        try:
-            edits = device_edits(*found, *self._devices.cdi)
+        try:  # a partition's nodes are known once it is cut (`_cut`)
+            edits = {} if cutting else device_edits(*found, *self._devices.cdi)
         except CdiError as err:
             raise PrepareError(f"ResourceClaim {ref}: {err}", HOST_FILES) from err
         env = device_env(name, settings, admin, share)
@@ -634,6 +667,9 @@ class Preparer:
             share_id=share,
             sharing=settings.sharing,
             interval=settings.interval,
+            partition=None
+            if cutting is None
+            else MigPartition(cutting[0].uuid, cutting[1].profile_id, cutting[2], cutting[3]),
             mps=daemon,
         )
         _check_neighbours(ref, device, settings, others)
@@ -699,10 +735,12 @@ class Preparer:
     async def _commit(
         self, fresh: Mapping[str, tuple[PreparedClaim, JsonObject | None]]
     ) -> dict[str, Outcome]:
-        """Prepare the planned claims: checkpointed as started, their specs written, then
-        checkpointed as complete. A claim whose spec cannot be written fails alone; a checkpoint
-        that cannot be saved fails them all, specs removed (entries left `PrepareStarted` are
-        rolled back at the next start, or prepared again on the kubelet's retry)."""
+        """Prepare the planned claims: checkpointed as started, their MIG partitions cut and
+        checkpointed with what was made, their specs written, then checkpointed as complete. A
+        claim whose partition cannot be cut or whose spec cannot be written fails alone; a
+        checkpoint that cannot be saved fails them all, specs removed and partitions destroyed
+        (entries left `PrepareStarted` are rolled back at the next start, or prepared again on
+        the kubelet's retry)."""
         started = {**self._claims, **{uid: claim for uid, (claim, _) in fresh.items()}}
         try:
             await asyncio.to_thread(self._checkpoint.save, started)
@@ -710,16 +748,26 @@ class Preparer:
             return self._all_failed(fresh, self._save_failed(err), CHECKPOINT)
         self._claims = started
         outcomes: dict[str, Outcome] = {}
-        for uid, (claim, spec) in fresh.items():
-            if spec is None:
+        fresh = await self._cut(fresh, outcomes)
+        if any(c.partitions for c, _ in fresh.values()):
+            kept = {u: c for u, c in self._claims.items() if u not in outcomes}
+            try:
+                await asyncio.to_thread(self._checkpoint.save, kept)
+            except OSError as err:
+                await self._release_all(fresh)
+                return self._all_failed(fresh, self._save_failed(err), CHECKPOINT)
+            self._claims = kept
+        for uid, (claim, edits) in fresh.items():
+            if edits is None or uid in outcomes:
                 continue
             path = self.spec_path(uid)
             try:
-                await asyncio.to_thread(SpecWriter(path).write, spec)
+                await asyncio.to_thread(SpecWriter(path).write, self._spec(edits))
             except OSError as err:
                 why = f"ResourceClaim {claim.namespace}/{claim.name}: writing CDI spec {path}: "
                 outcomes[uid] = Outcome(error=why + describe(err), reason=CDI_SPEC)
                 _log_failed(claim, uid, outcomes[uid].error)
+                await self._release(claim)
         self._failpoints.reach(PREPARE_AFTER_CDI_SPEC)
         done = {
             uid: replace(claim, state=COMPLETED)
@@ -732,6 +780,7 @@ class Preparer:
         except OSError as err:
             for uid in fresh:
                 await self._remove_orphan(uid)
+            await self._release_all(fresh)
             return self._all_failed(fresh, self._save_failed(err), CHECKPOINT)
         self._claims = after
         self._failpoints.reach(PREPARE_AFTER_CHECKPOINT)
@@ -745,6 +794,78 @@ class Preparer:
             )
             outcomes[uid] = Outcome(claim.devices)
         return outcomes
+
+    async def _cut(
+        self,
+        fresh: Mapping[str, tuple[PreparedClaim, JsonObject | None]],
+        outcomes: dict[str, Outcome],
+    ) -> dict[str, tuple[PreparedClaim, JsonObject | None]]:
+        """`fresh` with each claim's MIG partitions cut (`migcut.py`, off the loop) and their
+        device nodes in its edits; a claim that cannot be cut gets its outcome here, nothing of
+        it left on the GPUs."""
+        cut = dict(fresh)
+        for uid, (claim, edits) in fresh.items():
+            wanted = [p for d in claim.devices if (p := d.partition) is not None]
+            if not wanted or self._cutter is None or edits is None:
+                continue
+            held = [p for u, c in self._claims.items() if u != uid for p in c.partitions]
+            try:
+                made = await asyncio.to_thread(self._cutter.cut, wanted, held)
+            except CutError as err:
+                why = f"ResourceClaim {claim.namespace}/{claim.name}: {err}"
+                outcomes[uid] = Outcome(error=why, reason=err.reason)
+                _log_failed(claim, uid, why)
+                continue
+            made_by_device = dict(
+                zip((d.device for d in claim.devices if d.partition), made, strict=True)
+            )
+            devices = tuple(
+                replace(d, partition=made_by_device[d.device]) if d.partition else d
+                for d in claim.devices
+            )
+            claim = replace(claim, devices=devices)
+            self._claims[uid] = claim
+            try:
+                edits = {**edits, **self._cut_edits(claim, edits)}
+            except CdiError as err:
+                why = f"ResourceClaim {claim.namespace}/{claim.name}: {err}"
+                outcomes[uid] = Outcome(error=why, reason=HOST_FILES)
+                _log_failed(claim, uid, why)
+                await self._release(claim)
+                continue
+            cut[uid] = (claim, edits)
+        return cut
+
+    def _cut_edits(self, claim: PreparedClaim, edits: JsonObject) -> JsonObject:
+        """The CDI devices of the claim's cut partitions with their device nodes. Raises
+        CdiError."""
+        found = {}
+        for device in claim.devices:
+            if device.partition is None:
+                continue
+            gpu, profile, _, _ = self._devices.partitions[device.device]
+            mig = cut_device(device.partition, profile)
+            (cdi_name,) = (i.partition("=")[2] for i in device.cdi_ids)
+            found[cdi_name] = {**edits[cdi_name], **device_edits(gpu, mig, *self._devices.cdi)}
+        return found
+
+    async def _release(self, claim: PreparedClaim) -> str:
+        """The claim's MIG partitions destroyed (off the loop); why not, or ""."""
+        for partition in claim.partitions:
+            if self._cutter is None:
+                return f"{partition}: this driver cannot remove MIG partitions"
+            try:
+                await asyncio.to_thread(self._cutter.release, partition)
+            except DevicePluginError as err:
+                return f"removing MIG partition {partition}: {err}"
+        return ""
+
+    async def _release_all(
+        self, fresh: Mapping[str, tuple[PreparedClaim, JsonObject | None]]
+    ) -> None:
+        for uid, (claim, _) in fresh.items():
+            if why := await self._release(claim):
+                log_event(logger, "dra.mig.orphaned", logging.ERROR, uid=uid, error=why)
 
     def _all_failed(self, fresh: Mapping[str, object], why: str, reason: str) -> dict[str, Outcome]:
         log_event(logger, "dra.checkpoint.failed", logging.ERROR, error=why)

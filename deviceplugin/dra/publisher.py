@@ -167,11 +167,23 @@ class SlicePublisher:
         devices = sum(len(spec.get("devices") or []) for _, spec in self._written)
         return len(self._written), devices
 
-    def want(self, inventory: Inventory, unhealthy: Mapping[str, str]) -> None:
+    def want(
+        self,
+        inventory: Inventory,
+        unhealthy: Mapping[str, str],
+        blocked: Mapping[str, str] | None = None,
+    ) -> None:
         """Make the slices say what `inventory` and `unhealthy` say, in the background: returns
-        at once, whatever the API server does."""
+        at once, whatever the API server does. `blocked` (device name -> why): dynamic MIG
+        devices a MIG instance this driver did not create overlaps, published tainted."""
         self._desired = build_devices(
-            inventory, unhealthy, self.driver, self.taint, self.memory_shares, self.dynamic_mig
+            inventory,
+            unhealthy,
+            self.driver,
+            self.taint,
+            self.memory_shares,
+            self.dynamic_mig,
+            blocked,
         )
         self._counter_sets = counter_sets(inventory, quantity) if self.dynamic_mig else []
         self._version += 1

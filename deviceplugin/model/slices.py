@@ -62,6 +62,7 @@ MAX_DEVICES = 128  # ResourceSliceMaxDevices
 MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, for a slice where any device has taints or counters
 MAX_ATTRIBUTES_AND_CAPACITIES = 32  # per device
 
+TAKEN_TAINT = "mig-placement-taken"  # a dynamic MIG device a foreign MIG instance overlaps
 TaintEffect = Literal["NoSchedule", "NoExecute"]
 TAINT_EFFECTS: tuple[TaintEffect, ...] = ("NoSchedule", "NoExecute")
 DEFAULT_TAINT: TaintEffect = "NoSchedule"
@@ -91,12 +92,16 @@ def build_devices(
     taint: TaintEffect | None = DEFAULT_TAINT,
     memory_shares: bool = False,
     dynamic_mig: bool = False,
+    blocked: Mapping[str, str] | None = None,
 ) -> list[JsonObject]:
     """One v1 Device per physical device of the node, in GPU, then MIG index order; a device
     whose UUID or parent GPU's UUID is in `unhealthy` (UUID -> reason) is published unhealthy,
     tainted with `taint` unless that is None. With `memory_shares`, whole GPUs are published
     shareable by memory (`model.memoryshares`). With `dynamic_mig`, a partitionable GPU is
-    published whole and as its partitions instead (never shareable: `model.migpartitions`)."""
+    published whole and as its partitions instead (never shareable: `model.migpartitions`);
+    those named in `blocked` (name -> why: a MIG instance someone else made overlaps them) get
+    the taint `<driver>/mig-placement-taken` (NoSchedule, whatever `taint` says: it is not
+    about health), which the scheduler respects."""
     groups = _Topology(inventory)
     sick = unhealthy or {}
     devices: list[JsonObject] = []
@@ -104,6 +109,8 @@ def build_devices(
         reason = unhealthy_reason(gpu, mig, sick)
         if dynamic_mig and partitionable(gpu):
             built = _partitioned(gpu, inventory, groups, driver, reason, taint)
+            for device in built:
+                _block(device, driver, (blocked or {}).get(device["name"]))
             devices.extend(
                 _shareable(device, None) if memory_shares else device for device in built
             )
@@ -363,6 +370,16 @@ def _common(
         attributes[f"{SEED_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
     attributes[f"{SEED_DOMAIN}/pcieRoot"] = {"int": groups.pcie[gpu.index]}
     attributes[f"{SEED_DOMAIN}/nvlinkIsland"] = {"int": groups.nvlink[gpu.index]}
+
+
+def _block(device: JsonObject, driver: str, why: str | None) -> None:
+    if why is not None:
+        taint = {
+            "key": f"{driver}/{TAKEN_TAINT}",
+            "value": label_value(why),
+            "effect": "NoSchedule",
+        }
+        device["taints"] = [*device.get("taints", []), taint]
 
 
 def _taint(device: JsonObject, driver: str, reason: str | None, taint: TaintEffect | None) -> None:

@@ -1,9 +1,11 @@
 """The part of pynvml's API the plugin relies on, as Protocols: the one contract that the real
 `pynvml` module and the simulator (`deviceplugin.sim.fake_nvml.FakeNvml`) both satisfy.
 
-Only `nvml.py` calls through it. mypy checks the simulator against it; a test checks that every
-call named here exists in pynvml. Parameters are positional-only, as pynvml's wrappers are used;
-handles are opaque; structs are read-only views of the ctypes fields the plugin reads.
+Only `nvml.py` calls through it (and `nvml_mig.py`, with its own Protocol of the calls that
+change a MIG layout, through the same `Nvml`). mypy checks the simulator against it; a test
+checks that every call named here exists in pynvml. Parameters are positional-only, as pynvml's
+wrappers are used; handles are opaque; structs are read-only views of the ctypes fields the
+plugin reads.
 """
 
 from __future__ import annotations

@@ -95,6 +95,12 @@ class DraMetrics(SharedMetrics):
             "Claims prepared on this node (in the checkpoint).",
             registry=r,
         )
+        self.foreign_mig_instances = Gauge(
+            "deviceplugin_dra_foreign_mig_instances",
+            "Dynamic MIG: GPU instances this driver did not create (left alone; the partitions "
+            "they overlap are published tainted).",
+            registry=r,
+        )
 
     def publish_done(self, seconds: float, ok: bool) -> None:
         self.publishes.labels("ok" if ok else "error").inc()
@@ -116,6 +122,7 @@ class DraMetrics(SharedMetrics):
     def set_status(self, status: DraStatus) -> None:
         """The gauges, from the driver's state now."""
         self.prepared_claims.set(status.prepared_claims)
+        self.foreign_mig_instances.set(len(status.foreign_mig_instances))
         unusable = status.checkpoint_unusable.count if status.checkpoint_unusable else 0
         self.checkpoints_unusable.inc(unusable - self._unusable_counted)
         self._unusable_counted = unusable

@@ -46,6 +46,7 @@ class DraStatus:
     slice_watch_error: str | None = None  # why the watch of the slices is down; None when up
     write_refused: str | None = None  # the API server's refusal of the latest slice write
     checkpoint_unusable: CheckpointUnusable | None = None  # None: every read could be trusted
+    foreign_mig_instances: tuple[str, ...] = ()  # dynamic MIG: instances this driver did not make
 
     @property
     def not_ready(self) -> list[str]:
@@ -88,6 +89,7 @@ class DraStatus:
             "write_refused": self.write_refused,
             "device_plugin_conflict": self.device_plugin_conflict,
             "prepared_claims": self.prepared_claims,
+            "foreign_mig_instances": list(self.foreign_mig_instances),
             "checkpoint": {
                 "unusable": unusable.count if unusable else 0,
                 "last_error": unusable.error if unusable else None,

@@ -316,7 +316,9 @@ static nvmlReturn_t ci_profile(nvmlGpuInstance_t instance, unsigned profile, uns
         (info)->id = (profile);                                                       \
         (info)->sliceCount = slices_;                                                 \
         (info)->instanceCount = (mig)->gi_slices / slices_;                           \
-        (info)->multiprocessorCount = (mig)->sms * slices_ / (mig)->ci_slices;        \
+        /* the GPU instance's SMs per slice: it may have no compute instance yet */  \
+        (info)->multiprocessorCount =                                                 \
+            (mig)->gpu->gi_profiles[(mig)->gi_enum].sms * slices_ / (mig)->gi_slices; \
         (info)->sharedCopyEngineCount = (mig)->copy_engines;                          \
         (info)->sharedDecoderCount = (mig)->decoders;                                 \
         (info)->sharedEncoderCount = 0;                                               \

@@ -1,0 +1,329 @@
+"""Dynamic MIG Prepare and Unprepare through the kubelet's real gRPC sockets, on the simulated
+libnvidia-ml.so.1 of a driver root (the Python fake cannot cut): Prepare cuts exactly the GPU
+and compute instance at the placement the scheduler chose, Unprepare removes them, a driver
+killed at any step leaves one prepared claim and no orphan once started again, and instances
+someone else made are left alone, reported and published as taken. What the library holds is
+read back by a fresh Python process through nvidia-ml-py, as any other NVML consumer sees it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pynvml
+import pytest
+from test_dra_crash import TIMEOUT, until
+
+from deviceplugin.cli import SERVE_ENV_VARS
+from deviceplugin.dra.failpoints import (
+    EXIT_STATUS,
+    PREPARE_AFTER_CDI_SPEC,
+    PREPARE_AFTER_CHECKPOINT,
+    PREPARE_AFTER_COMPUTE_INSTANCE,
+    PREPARE_AFTER_GPU_INSTANCE,
+)
+from deviceplugin.node.nvml_mig import MigModule
+from deviceplugin.sim.apiserver import ApiServer
+from deviceplugin.sim.hostroot import LIBRARY_DIR
+from deviceplugin.sim.pluginwatcher import PluginWatcher
+from tests.draplugin import (
+    DRIVER,
+    NODE,
+    claim,
+    library_tree,
+    published,
+    resolve,
+    run,
+    running_driver,
+    short_dir,
+    write_kubeconfig,
+)
+
+PRESET = "a100-80gb-x8-dynamic"  # A100 80GB, MIG mode on, no instances
+THREE_G_AT_4 = "gpu-0-mig-3g40gb-9-4"
+THREE_G_AT_0 = "gpu-0-mig-3g40gb-9-0"
+ONE_G_AT_0 = "gpu-0-mig-1g10gb-19-0"
+
+# GPU 0's GPU instances as (profile id, start, size), its MIG device UUIDs and MIG mode.
+READ_BACK = """
+found, seen = [], set()
+for enum in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
+    try:
+        info = n.nvmlDeviceGetGpuInstanceProfileInfo(gpu, enum)
+    except n.NVMLError:
+        continue
+    if info.id in seen:
+        continue
+    seen.add(info.id)
+    buffer = (n.c_nvmlGpuInstance_t * info.instanceCount)()
+    count = ctypes.c_uint(info.instanceCount)
+    n.nvmlDeviceGetGpuInstances(gpu, info.id, buffer, ctypes.byref(count))
+    for gi in buffer[: count.value]:
+        i = n.nvmlGpuInstanceGetInfo(gi)
+        found.append([i.profileId, i.placement.start, i.placement.size])
+migs = []
+for index in range(n.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+    try:
+        migs.append(n.nvmlDeviceGetUUID(n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, index)))
+    except n.NVMLError_NotFound:
+        pass
+print(json.dumps({"gis": sorted(found), "migs": migs, "mode": n.nvmlDeviceGetMigMode(gpu)[0]}))
+"""
+
+# A foreign 1g.10gb at start 0 with its compute instance, as an operator's nvidia-smi makes it.
+FOREIGN = """
+place = n.c_nvmlGpuInstancePlacement_t()
+place.start, place.size = 0, 1
+gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 19, ctypes.pointer(place))
+n.nvmlGpuInstanceCreateComputeInstance(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE)
+"""
+
+
+def nvml_script(root: Path, body: str) -> str:
+    """`body` run by a fresh Python on `root`'s library with `gpu` GPU 0; its output."""
+    library = root / LIBRARY_DIR / "libnvidia-ml.so.1"
+    script = "\n".join(
+        (
+            "import ctypes, json, os, pynvml as n",
+            f"ctypes.CDLL({str(library)!r}, mode=os.RTLD_GLOBAL)",
+            "n.nvmlInit()",
+            "gpu = n.nvmlDeviceGetHandleByIndex(0)",
+            body,
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def read_back(root: Path) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(nvml_script(root, READ_BACK))
+    return found
+
+
+def driver_root(node: Any) -> Path:
+    return Path(node.settings.overrides["nvidia_driver_root"])
+
+
+def checkpoint(kubelet: Path) -> dict[str, Any]:
+    path = kubelet / "plugins" / DRIVER / "checkpoint.json"
+    data: dict[str, Any] = json.loads(path.read_text())["data"]
+    return data
+
+
+# --- in process: the driver over the real sockets ------------------------------------------------
+
+
+def test_prepare_cuts_exactly_the_chosen_placement_and_unprepare_removes_it() -> None:
+    async def body() -> None:
+        async with running_driver(PRESET, library=True, mig_mode="dynamic") as node:
+            root = driver_root(node)
+            ref = node.add_claim(claim("part", [("mig", THREE_G_AT_4)]))
+            done = await node.watcher.prepare(DRIVER, [ref])
+            entry = done.claims[ref[2]]
+            assert entry.error == ""
+            (device,) = entry.devices
+            assert device.device_name == THREE_G_AT_4
+            held = read_back(root)
+            assert held["gis"] == [[9, 4, 4]]
+            (uuid,) = held["migs"]
+            saved = checkpoint(node.kubelet_root)["claims"][ref[2]]
+            assert saved["state"] == "PrepareCompleted"
+            partition = saved["devices"][0]["migPartition"]
+            assert partition["uuid"] == uuid
+            assert (partition["profileID"], partition["placementStart"]) == (9, 4)
+            (cdi_id,) = device.cdi_device_ids
+            nodes = [n["path"] for n in resolve(node.cdi_dir, cdi_id)["deviceNodes"]]
+            assert "/dev/nvidia0" in nodes
+            caps = [p for p in nodes if p.startswith("/dev/nvidia-caps/")]
+            assert len(caps) == 2  # the GPU instance's and the compute instance's access
+
+            again = await node.watcher.prepare(DRIVER, [ref])  # the kubelet's retry
+            assert again.claims[ref[2]].error == ""
+            assert read_back(root)["gis"] == [[9, 4, 4]]
+
+            undone = await node.watcher.unprepare(DRIVER, [ref])
+            assert undone.claims[ref[2]].error == ""
+            after = read_back(root)
+            assert after == {"gis": [], "migs": [], "mode": 1}  # MIG mode was on: left on
+            assert list(node.cdi_dir.glob("*.json")) == []
+
+    run(body)
+
+
+def test_two_claims_at_placements_that_do_not_overlap_both_prepare() -> None:
+    async def body() -> None:
+        async with running_driver(PRESET, library=True, mig_mode="dynamic") as node:
+            first = node.add_claim(claim("first", [("mig", THREE_G_AT_0)]))
+            second = node.add_claim(claim("second", [("mig", THREE_G_AT_4)]))
+            done = await node.watcher.prepare(DRIVER, [first, second])
+            assert [done.claims[r[2]].error for r in (first, second)] == ["", ""]
+            held = read_back(driver_root(node))
+            assert held["gis"] == [[9, 0, 4], [9, 4, 4]] and len(set(held["migs"])) == 2
+            await node.watcher.unprepare(DRIVER, [first])
+            assert read_back(driver_root(node))["gis"] == [[9, 4, 4]]
+
+    run(body)
+
+
+def test_a_placement_taken_by_someone_else_fails_prepare_and_is_left_alone() -> None:
+    async def body() -> None:
+        async with running_driver(PRESET, library=True, mig_mode="dynamic") as node:
+            root = driver_root(node)
+            nvml_script(root, FOREIGN)
+            ref = node.add_claim(claim("late", [("mig", THREE_G_AT_0)]))
+            done = await node.watcher.prepare(DRIVER, [ref])
+            error = done.claims[ref[2]].error
+            assert "placement 0+4" in error and "is taken by GPU instance" in error, error
+            assert "left alone" in error
+            assert read_back(root)["gis"] == [[19, 0, 1]]
+            assert ref[2] not in checkpoint(node.kubelet_root)["claims"]
+            assert list(node.cdi_dir.glob("*.json")) == []
+
+    run(body)
+
+
+def test_a_foreign_instance_is_left_alone_reported_and_blocks_its_placements() -> None:
+    async def body() -> None:
+        async with running_driver(PRESET, library=True, mig_mode="dynamic") as node:
+            root = driver_root(node)
+            nvml_script(root, FOREIGN)
+            await node.restart()  # found at start-up
+            assert read_back(root)["gis"] == [[19, 0, 1]]
+            (report,) = node.driver.status().document()["foreign_mig_instances"]
+            assert "GPU instance" in report and "profile 19" in report and "0+1" in report
+            node.driver.metrics.set_status(node.driver.status())
+            text = node.driver.metrics.render().decode()
+            assert "deviceplugin_dra_foreign_mig_instances 1.0" in text
+            devices = published(node.server)
+            taken = {
+                name
+                for name, device in devices.items()
+                if any(
+                    t["key"] == f"{DRIVER}/mig-placement-taken" for t in device.get("taints", [])
+                )
+            }
+            assert {"gpu-0", ONE_G_AT_0, THREE_G_AT_0, "gpu-0-mig-7g80gb-0-0"} <= taken
+            assert THREE_G_AT_4 not in taken and "gpu-0-mig-1g10gb-19-1" not in taken
+            assert not any(name.startswith("gpu-1") for name in taken)
+            (effect,) = {t["effect"] for n in taken for t in devices[n]["taints"]}
+            assert effect == "NoSchedule"
+            assert node.server.rejected == []
+
+            ref = node.add_claim(claim("beside", [("mig", THREE_G_AT_4)]))
+            assert (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]].error == ""
+            assert read_back(root)["gis"] == [[9, 4, 4], [19, 0, 1]]
+            await node.watcher.unprepare(DRIVER, [ref])
+            assert read_back(root)["gis"] == [[19, 0, 1]]
+
+    run(body)
+
+
+def test_a_gpu_instance_without_compute_instances_lists_its_compute_profiles(
+    tmp_path: Path,
+) -> None:
+    """The library reports a GPU instance's compute profiles before it has a compute instance
+    (it once divided by the missing instance's slice count)."""
+    root = library_tree(PRESET)
+    out = nvml_script(
+        root,
+        "place = n.c_nvmlGpuInstancePlacement_t()\n"
+        "place.start, place.size = 4, 4\n"
+        "gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, ctypes.pointer(place))\n"
+        "info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, 2, 0)\n"
+        "print(info.sliceCount, info.multiprocessorCount)",
+    )
+    assert out.split() == ["3", "42"]
+
+
+# --- a driver process killed in the middle of a cut -----------------------------------------------
+
+
+async def serve(root: Path, url: str, library: Path, **env: str) -> asyncio.subprocess.Process:
+    """`dra serve --mig-mode dynamic` on the simulated library under `library`, as a node
+    runs it."""
+    clean = {k: v for k, v in os.environ.items() if k not in SERVE_ENV_VARS}
+    return await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "deviceplugin", "dra", "serve", "--mig-mode", "dynamic"),
+        *("--nvidia-driver-root", str(library), "--node-name", NODE),
+        *("--kubelet-root", str(root / "kubelet"), "--cdi-spec-dir", str(root / "cdi")),
+        *("--kubeconfig", str(write_kubeconfig(root / "kubeconfig", url))),
+        env={**clean, **env},
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        PREPARE_AFTER_GPU_INSTANCE,
+        PREPARE_AFTER_COMPUTE_INSTANCE,
+        PREPARE_AFTER_CDI_SPEC,
+        PREPARE_AFTER_CHECKPOINT,
+    ],
+)
+def test_a_driver_killed_while_cutting_leaves_one_prepared_claim_and_no_orphan(point: str) -> None:
+    async def body() -> None:
+        root, library = short_dir(), library_tree(PRESET)
+        server, watcher = ApiServer(), PluginWatcher(root / "kubelet")
+        await server.start()
+        await watcher.start()
+        process = None
+
+        async def start(**env: str) -> asyncio.subprocess.Process:
+            registered = len([a for a in watcher.attempts if a.ok])
+            started = await serve(root, server.url, library, **env)
+            await until(lambda: len([a for a in watcher.attempts if a.ok]) > registered)
+            await watcher.wait_registered(DRIVER, TIMEOUT)
+            return started
+
+        try:
+            process = await start(DP_FAILPOINT=point)
+            uid = server.add_claim(claim("cut", [("mig", THREE_G_AT_4)]))["metadata"]["uid"]
+            ref = ("default", "cut", uid)
+            with pytest.raises(grpc.aio.AioRpcError):
+                await watcher.prepare(DRIVER, [ref])
+            code = await asyncio.wait_for(process.wait(), TIMEOUT)
+            assert process.stderr is not None
+            assert code == EXIT_STATUS, (await process.stderr.read()).decode()
+            assert read_back(library)["gis"] == [[9, 4, 4]]  # cut before the crash
+            kept = point == PREPARE_AFTER_CHECKPOINT
+
+            process = await start()
+            if not kept:  # rolled back at start-up: the instance destroyed
+                assert read_back(library)["gis"] == []
+                assert uid not in checkpoint(root / "kubelet")["claims"]
+            response = await watcher.prepare(DRIVER, [ref])
+            assert response.claims[uid].error == ""
+            held = read_back(library)
+            assert held["gis"] == [[9, 4, 4]] and len(held["migs"]) == 1
+            saved = checkpoint(root / "kubelet")["claims"]
+            assert list(saved) == [uid] and saved[uid]["state"] == "PrepareCompleted"
+            assert saved[uid]["devices"][0]["migPartition"]["uuid"] == held["migs"][0]
+
+            await watcher.unprepare(DRIVER, [ref])
+            assert read_back(library)["gis"] == []
+            assert checkpoint(root / "kubelet")["claims"] == {}
+        finally:
+            if process is not None and process.returncode is None:
+                process.kill()
+                await process.wait()
+            await watcher.stop()
+            await server.stop()
+
+    asyncio.run(body())
+
+
+def test_every_mig_changing_call_exists_in_pynvml() -> None:
+    calls = [name for name in MigModule.__dict__ if name.startswith(("nvml", "c_nvml"))]
+    assert len(calls) > 20
+    assert [name for name in calls if not hasattr(pynvml, name)] == []
