@@ -172,13 +172,20 @@ def ours(
 
 
 def ours_dra(
-    root: Path, kubeconfig: Path, node_name: str, cdi_dir: Path, kubelet_root: Path, log: Path
+    root: Path,
+    kubeconfig: Path,
+    node_name: str,
+    cdi_dir: Path,
+    kubelet_root: Path,
+    log: Path,
+    extra: Sequence[str] = (),
 ) -> Child:
     """`deviceplugin dra serve` on driver root `root`, for node `node_name` of the cluster in
-    `kubeconfig`, registering with the kubelet whose root is `kubelet_root`."""
+    `kubeconfig`, registering with the kubelet whose root is `kubelet_root` (and `extra`
+    flags)."""
     argv = [*_deviceplugin(), "dra", "serve", "--nvidia-driver-root", str(root)]
     argv += ["--kubeconfig", str(kubeconfig), "--node-name", node_name]
-    argv += ["--kubelet-root", str(kubelet_root), "--cdi-spec-dir", str(cdi_dir)]
+    argv += ["--kubelet-root", str(kubelet_root), "--cdi-spec-dir", str(cdi_dir), *extra]
     return Child(argv, log, plugin_env())
 
 
@@ -219,19 +226,22 @@ def dra_driver(
     cdi_dir: Path,
     log: Path,
     kubelet_root: Path | None = None,
+    flags: Sequence[str] = (),
 ) -> Child:
     """NVIDIA's DRA kubelet plugin on driver root `root`, for node `node_name` of the cluster in
     `kubeconfig`, registering with the real kubelet (/var/lib/kubelet/plugins_registry), or
     with the one whose root is `kubelet_root` (its plugins_registry and plugins folders, as
-    `dra serve --kubelet-root` uses them). It reads /proc/driver/nvidia/capabilities and the
-    nvidia-caps major in /proc/devices from the host's /proc: a private mount namespace shows
-    it the driver root's."""
+    `dra serve --kubelet-root` uses them), with `flags` added (`--feature-gates=...`). It
+    reads /proc/driver/nvidia/capabilities and the nvidia-caps major in /proc/devices from the
+    host's /proc: a private mount namespace shows it the driver root's, bound, so the
+    capability files of MIG instances cut later appear too."""
     script = "\n".join(
         [
             "set -e",
             "mount --make-rprivate /",
-            "mount -t tmpfs -o mode=0755 compat-driver /proc/driver",
-            'cp -r "$DRIVER_ROOT/proc/driver/." /proc/driver/',
+            # Bound, not copied: the simulated library adds a MIG instance's capability
+            # files there as it cuts one, as the kernel module does under /proc.
+            'mount --bind "$DRIVER_ROOT/proc/driver" /proc/driver',
             'mount --bind "$DRIVER_ROOT/proc/devices" /proc/devices',
             'exec "$PLUGIN" --node-name "$NODE_NAME" --kubeconfig "$KUBECONFIG"'
             ' --nvidia-driver-root "$DRIVER_ROOT" --container-driver-root "$DRIVER_ROOT"'
@@ -239,7 +249,7 @@ def dra_driver(
             ' "$@"',
         ]
     )
-    extra = []
+    extra = list(flags)
     if kubelet_root is not None:
         extra += ["--kubelet-registrar-directory-path", str(kubelet_root / "plugins_registry")]
         extra += ["--kubelet-plugins-directory-path", str(kubelet_root / "plugins")]

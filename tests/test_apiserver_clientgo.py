@@ -1,7 +1,8 @@
 """The API-server stand-in speaks what client-go needs (NVIDIA's DRA driver in `make
 bench-reference`): a slice watch-list (`sendInitialEvents=true`) starts with the current slices
 and the bookmark that ends them, and a request body of a content type given a decoder is read
-by it and then validated as JSON is."""
+by it and then validated as JSON is; `/version` names the Kubernetes release, from which
+NVIDIA's driver picks its slice layout."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import aiohttp
 from test_node_config import in_loop
 
 from deviceplugin.model.slices import build_slices
-from deviceplugin.sim.apiserver import INITIAL_EVENTS_END, PREFIX, ApiServer
+from deviceplugin.sim.apiserver import INITIAL_EVENTS_END, PREFIX, SERVER_VERSION, ApiServer
 
 SLICES = f"{PREFIX}/resourceslices"
 
@@ -90,3 +91,15 @@ async def test_a_body_of_a_decoded_content_type_is_read_by_its_decoder_and_valid
     assert list(server.slices) == [good["metadata"]["name"]]
     assert "unknownField" in server.rejected[0]
     assert server.rejected[1].startswith("body is not application/x-utf16-json")
+
+
+@in_loop
+async def test_version_names_the_clusters_kubernetes() -> None:
+    server = ApiServer()
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as session, session.get(server.url + "/version") as got:
+            assert got.status == 200
+            assert await got.json() == SERVER_VERSION
+    finally:
+        await server.stop()

@@ -147,6 +147,15 @@ def test_unmodelled_functions_answer_not_supported(a100: Path) -> None:
     nvml.shutdown()
 
 
+def test_the_node_is_bare_metal_not_a_vgpu_guest(a100: Path) -> None:
+    """NVIDIA's DRA driver refuses to start with DynamicMIG without this answer."""
+    nvml = opened(a100)
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    mode = pynvml.nvmlDeviceGetVirtualizationMode(handle)
+    assert mode == pynvml.NVML_GPU_VIRTUALIZATION_MODE_NONE
+    nvml.shutdown()
+
+
 # --- what it reports ----------------------------------------------------------------------------
 
 

@@ -12,13 +12,14 @@ namespace/name; create, so tests and the demo can seed claims). Like a real API 
 - assigns `uid`, `resourceVersion` and `creationTimestamp`, answers `409 AlreadyExists` for a
   second create and `409 Conflict` for a replace whose `resourceVersion` is stale.
 
-It serves `serve`'s own-Node calls too: Nodes (list with the `metadata.name` field selector,
-watch, get, JSON merge patch of labels, checked as label keys and values are checked), Events
-(create, validated as v1 Events) and, with `nfd=True`, NFD's `NodeFeature` objects and the API
-group discovery that tells whether NFD is installed. `add_node` and `set_node_labels` stand in for
-the kubelet registering a node and for `kubectl label`, `wipe` for the kubelet deleting a node's
-slices; watches see their changes at once, and `end_watches` cuts every watch as a lost
-connection would.
+It answers `/version` as the cluster's Kubernetes (1.37.2; NVIDIA's DRA driver picks its
+ResourceSlice layout from it). It serves `serve`'s own-Node calls too: Nodes (list with the
+`metadata.name` field selector, watch, get, JSON merge patch of labels, checked as label keys and
+values are checked), Events (create, validated as v1 Events) and, with `nfd=True`, NFD's
+`NodeFeature` objects and the API group discovery that tells whether NFD is installed. `add_node`
+and `set_node_labels` stand in for the kubelet registering a node and for `kubectl label`, `wipe`
+for the kubelet deleting a node's slices; watches see their changes at once, and `end_watches`
+cuts every watch as a lost connection would.
 
 A request body of a content type given in `decoders` (client-go's typed clients send
 `application/vnd.kubernetes.protobuf`) is read by that decoder as the JSON object it stands for,
@@ -50,6 +51,8 @@ from aiohttp import web
 JsonObject = dict[str, Any]
 
 SCHEMA_VERSION = "1.34"
+# What `/version` reports: the Kubernetes e2e/cluster runs.
+SERVER_VERSION: JsonObject = {"major": "1", "minor": "37", "gitVersion": "v1.37.2"}
 PREFIX = "/apis/resource.k8s.io/v1"
 # The API server's own ResourceSlice limits (k8s.io/api resource/v1 types.go).
 MAX_DEVICES = 128
@@ -123,6 +126,7 @@ class ApiServer:
         app.router.add_delete(base + "/{name}", self._delete_slice)
         app.router.add_post(claim, self._create_claim)
         app.router.add_get(claim + "/{name}", self._get_claim)
+        app.router.add_get("/version", self._version)
         app.router.add_get("/api/v1/nodes", self._list_nodes)
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
         app.router.add_patch("/api/v1/nodes/{name}", self._patch_node)
@@ -431,6 +435,9 @@ class ApiServer:
                     self._watches.remove(watch)
             await response.write_eof()
         return response
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return _json(SERVER_VERSION)
 
     async def _get_node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -43,6 +43,12 @@ nvmlReturn_t DECLDIR nvmlDeviceGetArchitecture(nvmlDevice_t device, nvmlDeviceAr
     DEVICE(device, arch, "nvmlDeviceGetArchitecture", *arch = gpu->architecture);
 }
 
+/* The simulated node is bare metal: no vGPU, no passthrough (NVIDIA's DRA driver refuses
+ * dynamic MIG without this answer, and skips it in a vGPU guest). */
+nvmlReturn_t DECLDIR nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, nvmlGpuVirtualizationMode_t *mode) {
+    WHOLE_GPU(device, mode, "nvmlDeviceGetVirtualizationMode", *mode = NVML_GPU_VIRTUALIZATION_MODE_NONE);
+}
+
 nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     WHOLE_GPU(device, index, "nvmlDeviceGetIndex", *index = gpu->index);
 }
