@@ -42,6 +42,7 @@ from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import PREFIX, ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 from deviceplugin.sim.simulator import NodeSimulator, simulator_for
+from testbed.plugins import write_kubeconfig
 
 GPUS = 64
 GI_IDS = (7, 8, 9, 11, 12, 13, 14)
@@ -164,21 +165,6 @@ def allocated_claim(name: str, device: str) -> dict[str, object]:
         "spec": {"devices": {"requests": [request]}},
         "status": {"allocation": {"devices": {"results": [result]}}},
     }
-
-
-def write_kubeconfig(path: Path, url: str) -> Path:
-    cluster = {"name": "stand-in", "cluster": {"server": url}}
-    context = {"name": "here", "context": {"cluster": "stand-in", "user": "driver"}}
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [cluster],
-        "users": [{"name": "driver", "user": {"token": "not-checked"}}],
-        "contexts": [context],
-        "current-context": "here",
-    }
-    path.write_text(json.dumps(config))
-    return path
 
 
 async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:

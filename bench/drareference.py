@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.comparison import OURS, REFERENCE, BenchError, Row, from_samples
-from bench.dra import allocated_claim, write_kubeconfig
+from bench.dra import allocated_claim
 from bench.drastart import published
 from bench.nodes import DEFAULT_PRESET
 from bench.report import median, p99
@@ -105,7 +105,7 @@ async def running(
     server = ApiServer(decoders={kubeproto.CONTENT_TYPE: decode})
     await server.start()
     server.add_node(NODE)
-    kubeconfig = write_kubeconfig(work / "kubeconfig", server.url)
+    kubeconfig = plugins.write_kubeconfig(work / "kubeconfig", server.url)
     watcher = PluginWatcher(work / "kubelet", poll=WATCHER_POLL)
     await watcher.start()
     log = work / f"{name}.log"

@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import process
-from bench.dra import discover_node, write_kubeconfig
+from bench.dra import discover_node
 from bench.nodes import DEFAULT_PRESET
 from bench.report import Figure, median
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.node import resolve_node_path
+from testbed.plugins import write_kubeconfig
 from testbed.process import Child
 
 NODE = "bench-node"

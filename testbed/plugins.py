@@ -189,6 +189,22 @@ def ours_dra(
     return Child(argv, log, plugin_env())
 
 
+def write_kubeconfig(path: Path, url: str) -> Path:
+    """A kubeconfig for the API-server stand-in at `url` (its token is not checked)."""
+    cluster = {"name": "stand-in", "cluster": {"server": url}}
+    context = {"name": "here", "context": {"cluster": "stand-in", "user": "driver"}}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": "driver", "user": {"token": "not-checked"}}],
+        "contexts": [context],
+        "current-context": "here",
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
 def _deviceplugin() -> list[str]:
     """The installed console script, or the package run as a module when there is none."""
     console = Path(sys.executable).parent / "deviceplugin"

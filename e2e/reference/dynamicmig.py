@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.dra import write_kubeconfig
 from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import LIBRARY_DIR
@@ -167,7 +166,9 @@ async def _running(
     server.add_node(NODE)
     watcher = PluginWatcher(work / "kubelet", poll=POLL)
     await watcher.start()
-    child = _child(name, work, root, binaries, write_kubeconfig(work / "kubeconfig", server.url))
+    child = _child(
+        name, work, root, binaries, plugins.write_kubeconfig(work / "kubeconfig", server.url)
+    )
     try:
         with child.start():
             deadline = time.monotonic() + TIMEOUT
