@@ -1,6 +1,7 @@
 """The simulated `nvidia-smi` that `sim-root` installs: `-i ID -c MODE` sets the compute mode
 where every NVML consumer of the node reads it (NVIDIA's MPS daemon sets it this way), refuses
-what NVIDIA's tool refuses, and on a GPU in MIG mode warns and goes on as NVIDIA's does."""
+what NVIDIA's tool refuses, and on a GPU in MIG mode warns and goes on as NVIDIA's does; anything
+else prints one line, as the placeholder it replaces did."""
 
 from __future__ import annotations
 
@@ -60,7 +61,6 @@ def test_sets_by_index_and_mode_number(root: Path) -> None:
         pytest.param(("-i", "4", "-c", "1"), 2, id="mode-number-gone"),
         pytest.param(("-i", "99", "-c", "3"), 2, id="no-such-gpu"),
         pytest.param(("-i", "GPU-00000000-0000-0000-0000-000000000000", "-c", "3"), 2, id="uuid"),
-        pytest.param(("-q",), 2, id="not-simulated"),
     ],
 )
 def test_refuses_what_it_cannot_do(root: Path, arguments: tuple[str, ...], status: int) -> None:
@@ -68,6 +68,14 @@ def test_refuses_what_it_cannot_do(root: Path, arguments: tuple[str, ...], statu
     assert done.returncode == status
     assert done.stderr
     assert mode_elsewhere(root, WHOLE) == DEFAULT
+
+
+def test_anything_else_answers_as_the_placeholder_did(root: Path) -> None:
+    """A pod's `nvidia-smi -L` must not fail where the node file is out of its sight."""
+    for arguments in ((), ("-L",), ("-i", "0")):
+        done = smi(root, *arguments)
+        assert done.returncode == 0
+        assert done.stdout.startswith("simulated nvidia-smi")
 
 
 def test_a_gpu_in_mig_mode_is_a_warning_not_a_failure(root: Path) -> None:

@@ -7,7 +7,9 @@
  *
  *   nvidia-smi -i ID -c MODE   ID: an index, a GPU-/MIG- UUID or a PCI bus id; MODE: 0/DEFAULT,
  *                              2/PROHIBITED, 3/EXCLUSIVE_PROCESS
- *   nvidia-smi                 one line naming the simulated driver version
+ *   nvidia-smi [anything else] one line naming the simulated driver version, exit 0, as the
+ *                              placeholder it replaces did (a pod's `nvidia-smi -L` in the
+ *                              cluster tests, where the container may not see the node file)
  *
  * On a GPU in MIG mode, whose own compute mode cannot be set (only its MIG devices'), NVIDIA's
  * tool says so, treats it as a warning and exits 0, as reported in NVIDIA/go-nvml#61; so does
@@ -29,7 +31,6 @@
 #define LIBRARY "libnvidia-ml.so.1"
 
 typedef nvmlReturn_t (*init_fn)(void);
-typedef nvmlReturn_t (*driver_fn)(char *, unsigned);
 typedef nvmlReturn_t (*index_fn)(unsigned, nvmlDevice_t *);
 typedef nvmlReturn_t (*name_fn)(const char *, nvmlDevice_t *);
 typedef nvmlReturn_t (*set_fn)(nvmlDevice_t, nvmlComputeMode_t);
@@ -81,25 +82,26 @@ static int exit_for(nvmlReturn_t result) {
 
 int main(int argc, char **argv) {
     const char *id = NULL, *mode_text = NULL;
+    int other = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-i") && i + 1 < argc) id = argv[++i];
         else if (!strcmp(argv[i], "-c") && i + 1 < argc) mode_text = argv[++i];
-        else {
-            fprintf(stderr, "Invalid combination of input arguments: only -i ID -c MODE is simulated.\n");
-            return 2;
-        }
+        else other = 1;
+    }
+    if (other || !mode_text) {
+        printf("simulated nvidia-smi (only -i ID -c MODE acts)\n");
+        return 0;
     }
     void *nvml = load();
     init_fn init = nvml ? (init_fn)dlsym(nvml, "nvmlInit_v2") : NULL;
     init_fn shutdown = nvml ? (init_fn)dlsym(nvml, "nvmlShutdown") : NULL;
-    driver_fn driver = nvml ? (driver_fn)dlsym(nvml, "nvmlSystemGetDriverVersion") : NULL;
     index_fn by_index = nvml ? (index_fn)dlsym(nvml, "nvmlDeviceGetHandleByIndex_v2") : NULL;
     name_fn by_uuid = nvml ? (name_fn)dlsym(nvml, "nvmlDeviceGetHandleByUUID") : NULL;
     name_fn by_bus = nvml ? (name_fn)dlsym(nvml, "nvmlDeviceGetHandleByPciBusId_v2") : NULL;
     set_fn set = nvml ? (set_fn)dlsym(nvml, "nvmlDeviceSetComputeMode") : NULL;
     mig_fn mig_mode = nvml ? (mig_fn)dlsym(nvml, "nvmlDeviceGetMigMode") : NULL;
     error_fn text = nvml ? (error_fn)dlsym(nvml, "nvmlErrorString") : NULL;
-    if (!init || !shutdown || !driver || !by_index || !by_uuid || !by_bus || !set || !mig_mode || !text) {
+    if (!init || !shutdown || !by_index || !by_uuid || !by_bus || !set || !mig_mode || !text) {
         fprintf(stderr, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n");
         return 9;
     }
@@ -108,14 +110,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "Failed to initialize NVML: %s\n", text(result));
         return 9;
     }
-    if (!id && !mode_text) {
-        char version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE] = "";
-        driver(version, sizeof version);
-        printf("simulated nvidia-smi %s\n", version);
-        shutdown();
-        return 0;
-    }
-    int mode = mode_text ? parse_mode(mode_text) : -1;
+    int mode = parse_mode(mode_text);
     if (!id || mode < 0) {
         fprintf(stderr, "Invalid combination of input arguments: -i ID and -c with a valid mode.\n");
         shutdown();
