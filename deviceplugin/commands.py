@@ -81,8 +81,8 @@ class _PlainDumper(yaml.SafeDumper):
 
 def sim_root(settings: SimRootOptions) -> int:
     """Write the host tree of a simulated node under DIR, with the simulated NVML library, MPS
-    control program and nvidia-smi, for `--nvidia-driver-root DIR` (and any other NVML consumer given DIR as its
-    driver root)."""
+    control program and nvidia-smi, for `--nvidia-driver-root DIR` (and any other NVML consumer
+    given DIR as its driver root)."""
     from deviceplugin.sim.hostroot import (
         install_library,
         install_mps_control,
