@@ -198,11 +198,13 @@ async def in_turn(
     observe: Callable[[KubeletEmulator, Child], Awaitable[T]],
     ours_extra: Sequence[str] = (),
     mps_root: Path | None = None,
+    stopped: Callable[[str], None] | None = None,
 ) -> dict[str, T]:
     """The reference, then ours, each on driver root `root` with `config` against a fresh
     kubelet emulator under `work/<name>`: what `observe` makes of each. With `mps_root` (the
     config's `flags.mpsRoot`, emptied before each), NVIDIA's MPS daemon runs beside its plugin,
-    started first as its chart starts it; ours starts its daemons itself."""
+    started first as its chart starts it; ours starts its daemons itself. `stopped(name)` is
+    called once each run's processes have all ended."""
     results: dict[str, T] = {}
     for name in ("reference", "ours"):
         run = work / name
@@ -232,6 +234,8 @@ async def in_turn(
                         root, kubelet.directory, config, run / "cdi", log, ours_extra
                     )
                 results[name] = await observe(kubelet, plugin)
+            if stopped is not None:
+                stopped(name)
         finally:
             await kubelet.stop()
     return results

@@ -31,6 +31,7 @@ import yaml
 
 from e2e.reference.advertised import Advertised, MpsNode, advertised, in_turn
 from e2e.reference.known import Difference, explain
+from e2e.reference.mpsstate import after_stop
 from testbed import plugins
 
 CONFIG_DIR = plugins.REPO / "config"
@@ -213,7 +214,18 @@ async def run_case(case: Case, binaries: Path, work: Path, roots: dict[str, Path
     mps_root = work / "mps" if MPS_ROOT in case.config else None
     config.write_text(case.config.replace(MPS_ROOT, str(mps_root)))
     observe = functools.partial(advertised, mps=MpsNode(mps_root, root) if mps_root else None)
-    answers = await in_turn(binaries, root, config, work, observe, mps_root=mps_root)
+    left: dict[str, Any] = {}
+
+    def stopped(name: str) -> None:
+        if mps_root is not None:
+            left[name] = after_stop(mps_root, root)
+
+    answers = await in_turn(
+        binaries, root, config, work, observe, mps_root=mps_root, stopped=stopped
+    )
+    for name, state in left.items():
+        if answers[name].mps:
+            answers[name].mps["afterStop"] = state
     differences = list(compare(case.name, answers["ours"], answers["reference"]))
     return Outcome(
         case, answers["ours"], answers["reference"], differences, time.monotonic() - began

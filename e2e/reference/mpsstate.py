@@ -7,7 +7,9 @@ reached the daemon rather than by what either says it sent:
   order, so only the multiset is stable) and the other commands as a set (health checks repeat
   as often as a plugin checks);
 - the limits in effect (`deviceplugin-sim-mps.json` in the pipe directory, without the pid);
-- each device's compute mode, as the simulated NVML keeps it for every process of the node.
+- each device's compute mode, as the simulated NVML keeps it for every process of the node;
+- once the plugin (and NVIDIA's daemon) has stopped: the compute modes again, and which control
+  daemons still hold limits (a daemon told `quit` removes its file).
 """
 
 from __future__ import annotations
@@ -49,13 +51,29 @@ def daemon(resource_dir: Path) -> dict[str, Any]:
 
 def mps_state(mps_root: Path, driver_root: Path) -> dict[str, Any]:
     """Every daemon under `mps_root` by resource name (`<domain>/<name>`), and the node's
-    compute modes (absent: every device in DEFAULT)."""
+    compute modes."""
     daemons = {
         str(log.parent.relative_to(mps_root)): daemon(log.parent)
         for log in sorted(mps_root.glob("*/*/log"))
     }
+    return {"daemons": daemons, "computeModes": compute_modes(driver_root)}
+
+
+def after_stop(mps_root: Path, driver_root: Path) -> dict[str, Any]:
+    """What is left once everything has stopped: compute modes, and the resources whose control
+    daemon still holds limits."""
+    holding = sorted(
+        str(pipe.parent.relative_to(mps_root))
+        for pipe in mps_root.glob("*/*/pipe")
+        if (pipe / LIMITS_FILE).exists()
+    )
+    return {"computeModes": compute_modes(driver_root), "stillServing": holding}
+
+
+def compute_modes(driver_root: Path) -> dict[str, int]:
+    """The devices not in DEFAULT (the simulated NVML's file; absent: none)."""
     try:
-        modes = json.loads((driver_root / COMPUTE_MODE_FILE).read_text())["modes"]
+        modes: dict[str, int] = json.loads((driver_root / COMPUTE_MODE_FILE).read_text())["modes"]
     except FileNotFoundError:
-        modes = {}
-    return {"daemons": daemons, "computeModes": modes}
+        return {}
+    return modes

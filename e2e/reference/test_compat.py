@@ -89,6 +89,8 @@ def test_ci_subset_differs_only_where_documented(binaries: Path) -> None:
     assert ours_gpu["limits"] == reference_gpu["limits"]
     assert ours["computeModes"] == reference["computeModes"]
     assert set(reference["computeModes"].values()) == {3} and len(reference["computeModes"]) == 4
+    # Once stopped: every control daemon told to quit, every GPU in DEFAULT again.
+    assert ours["afterStop"] == reference["afterStop"] == {"computeModes": {}, "stillServing": []}
 
 
 def test_every_documented_difference_has_a_case_that_shows_it() -> None:
