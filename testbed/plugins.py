@@ -7,7 +7,9 @@ looks for the control device nodes in /dev, and with a CDI strategy writes its s
 /var/run/cdi. So it runs in a mount namespace of its own (root), where a bind mount puts the
 emulator's directory at that path and tmpfs and bind mounts give it the driver root's
 /proc/driver, /dev nodes and sysfs, and an empty /var/run/cdi: the host sees none of it. Ours
-takes the driver root, the kubelet directory and the CDI directory as flags.
+takes the driver root, the kubelet directory and the CDI directory as flags. With MPS, NVIDIA's
+`mps-control-daemon` runs the same way beside it (`reference_mps_daemon`), both seeing the
+config's mpsRoot at their fixed /mps.
 """
 
 from __future__ import annotations
