@@ -27,12 +27,11 @@ read -r pyver machine < <("$tool" run --rm --network none --entrypoint python3 "
 echo "image: base $base has Python $pyver on $machine"
 
 rm -rf "$wheels" && mkdir -p "$wheels"
-# The simulated libnvidia-ml.so.1 (gcc, the pinned nvml.h), nvidia-cuda-mps-control and nvidia-smi go into
-# the wheel, so `sim-root`
-# works in the image, which has no compiler; out of the tree again after, so tests here keep
-# building it from the current sources.
-# So does the DRA driver's memory-limit hook (C: a createContainer hook runs on the host's
-# loader, where only the image has Python), which the driver copies onto the node at start.
+# The simulated libnvidia-ml.so.1 (gcc, the pinned nvml.h), nvidia-cuda-mps-control and
+# nvidia-smi go into the wheel, so `sim-root` works in the image, which has no compiler; out of
+# the tree again after, so tests here keep building them from the current sources. So does the
+# DRA driver's memory-limit hook (C: a createContainer hook runs on the host's loader, where only
+# the image has Python), which the driver copies onto the node at start.
 packaged="$here/deviceplugin/sim/native/libnvidia-ml.so.1"
 hook="$here/deviceplugin/node/native/memory-limit-hook"
 packaged_mps="$here/deviceplugin/sim/native/nvidia-cuda-mps-control"
