@@ -226,7 +226,9 @@ def test_a_simulated_roots_library_finds_its_node_and_state_in_the_container(
     scan = scan_host(inventory.driver_version, root, root, f"{root}/proc")
     node_file = "/usr/lib/x86_64-linux-gnu/deviceplugin-sim-node.json"
     assert scan.simulation == (node_file, "/etc/deviceplugin-sim")
-    mounts = {m["containerPath"]: m for m in common_edits(scan, CdiOptions(driver_root=root))["mounts"]}
+    mounts = {
+        m["containerPath"]: m for m in common_edits(scan, CdiOptions(driver_root=root))["mounts"]
+    }
     for path in scan.simulation:  # read-only: the library only reads state in a container
         assert mounts[path] == {
             "hostPath": root + path,

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from deviceplugin.model.hostpaths import (
     MIG_MINORS,
-    SIM_ROOT,
     SIM_NODE_FILE,
+    SIM_ROOT,
     SIM_ROOT_MARKER,
     capability_node,
 )

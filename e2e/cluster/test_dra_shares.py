@@ -58,7 +58,9 @@ def template(name: str, memory: str | None) -> Obj:
     """A claim template for the pinned GPU, asking `memory` of it (None: no capacity)."""
     exactly: Obj = {
         "deviceClassName": "gpu-shared.nvidia.com",
-        "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].uuid == '{GPU.uuid}'"}}],
+        "selectors": [
+            {"cel": {"expression": f"device.attributes['{DRIVER}'].uuid == '{GPU.uuid}'"}}
+        ],
     }
     if memory is not None:
         exactly["capacity"] = {"requests": {"memory": memory}}
@@ -131,15 +133,16 @@ def delete_pods(*names: str) -> None:
     uids = [claim_uid(n) for n in targets if pod(n)["status"].get("resourceClaimStatuses")]
     selector = ["-l", LABEL] if not names else list(names)
     kubectl("delete", "pod", "-n", "default", *selector, "--wait=true", "--timeout=120s")
-    for uid in uids:
-        wait_until(f"claim {uid} unprepared", lambda uid=uid: not cdi_spec_of(uid).exists())
+    wait_until("their claims unprepared", lambda: not any(cdi_spec_of(u).exists() for u in uids))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def shares_driver() -> Iterator[None]:
     kubectl("apply", "-k", str(OVERLAY))
     wait_until("the driver pod Ready", driver_ready, timeout=240)
-    wait_until("the GPU published shareable", lambda: pinned_device().get("allowMultipleAllocations"))
+    wait_until(
+        "the GPU published shareable", lambda: pinned_device().get("allowMultipleAllocations")
+    )
     apply(template("share-20gi", "20Gi"))
     apply(template("whole-gpu", None))
     yield
@@ -186,7 +189,9 @@ def test_a_claim_asking_no_capacity_gets_the_gpu_alone() -> None:
     apply(share_pod("beside-whole", "share-20gi"))
     pending_reason("beside-whole")
     delete_pods(whole)
-    wait_until("beside-whole Running once the GPU is free", lambda: pod_running("beside-whole"), 180)
+    wait_until(
+        "beside-whole Running once the GPU is free", lambda: pod_running("beside-whole"), 180
+    )
     assert memory_seen("beside-whole") == 20 * GIB
     delete_pods()
     assert limits_left() == []
