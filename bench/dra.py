@@ -92,7 +92,9 @@ def discover_node(path: Path) -> Inventory:
         nvml.shutdown()
 
 
-async def _baseline(bodies: list[bytes]) -> float:
+async def raw_posts(bodies: list[bytes]) -> float:
+    """`bodies` POSTed as they are from one aiohttp session to a fresh stand-in: transport and
+    the stand-in's validation alone, the baseline of a publish of the same slices."""
     server = ApiServer()
     await server.start()
     try:
@@ -236,7 +238,7 @@ async def run(root: Path) -> list[Figure]:
     first, base = [], []
     for _ in range(REPEATS):
         first.append(await _first_publish(inventory))
-        base.append(await _baseline(bodies))
+        base.append(await raw_posts(bodies))
     changes = await _changes(inventory)
     builds, dumps = [], []
     for _ in range(CHANGES):

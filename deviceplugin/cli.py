@@ -22,6 +22,7 @@ from deviceplugin.model.memoryshares import (
     GpuSharing,
     gpu_sharing,
 )
+from deviceplugin.model.migpartitions import MIG_MODE_ENV, MIG_MODES, MigMode, mig_mode
 from deviceplugin.model.slices import DEFAULT_TAINT, TAINT_EFFECTS
 from deviceplugin.ops.logs import LogFormat
 from deviceplugin.runtime.options import (
@@ -104,6 +105,12 @@ _DRA_FLAGS: dict[str, tuple[str, str, str]] = {
         GPU_SHARING_ENV,
         f"{' or '.join(GPU_SHARING)}: with memory, whole GPUs are published shareable by memory"
         " (consumable capacity) (default off)",
+    ),
+    "mig-mode": (
+        "mig_mode",
+        MIG_MODE_ENV,
+        f"{' or '.join(MIG_MODES)}: with dynamic, each MIG-capable GPU is published whole and as"
+        " every MIG profile x placement, packed by shared counters (default static)",
     ),
 }
 # `serve` only: per-node configuration by node label and GPU node labels, the two features for
@@ -266,6 +273,7 @@ def _add_explain_flags(explain: argparse.ArgumentParser) -> None:
     explain_flags = {n: _RUNTIME_FLAGS[n] for n in ("config-file", "simulate", "simulate-events")}
     explain_flags["unhealthy-taint"] = _DRA_FLAGS["unhealthy-taint"]
     explain_flags["gpu-sharing"] = _DRA_FLAGS["gpu-sharing"]
+    explain_flags["mig-mode"] = _DRA_FLAGS["mig-mode"]
     _add_serve_flags(explain, explain_flags, ())
     _refuse_device_plugin_flags(explain)
 
@@ -334,12 +342,17 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> CommandOptions
             f" or off, got {taint!r}"
         )
     sharing: GpuSharing = "off"
+    mig: MigMode = "static"
     if command in ("dra serve", "dra explain"):
         try:
             sharing = gpu_sharing(runtime["gpu_sharing"])
         except ValueError as err:
             parser.error(f"--gpu-sharing / {GPU_SHARING_ENV} {err}")
-    options = _options(command, values, runtime, env, log_format, taint, gpu_labels, sharing)
+        try:
+            mig = mig_mode(runtime["mig_mode"])
+        except ValueError as err:
+            parser.error(f"--mig-mode / {MIG_MODE_ENV} {err}")
+    options = _options(command, values, runtime, env, log_format, taint, gpu_labels, (sharing, mig))
     problem = _path_problem(options)
     if problem is not None:
         parser.error(problem)
@@ -354,9 +367,11 @@ def _options(
     log_format: str,
     taint: str,
     gpu_labels: str,
-    sharing: GpuSharing,
+    dra: tuple[GpuSharing, MigMode],
 ) -> CommandOptions:
-    """The options type of `command`, from the parsed flags, their variables and `env`."""
+    """The options type of `command`, from the parsed flags, their variables and `env`; `dra`
+    the DRA driver's GPU sharing and MIG mode."""
+    sharing, mig = dra
     logs: LogFormat = "json" if log_format == "json" else "text"
     overrides = {key: values.get(key) for key in ENV_OVERRIDES}
     effect = next((e for e in TAINT_EFFECTS if e == taint), None)
@@ -388,6 +403,7 @@ def _options(
             kubelet_root=Path(runtime["kubelet_root"] or DEFAULT_KUBELET_ROOT),
             unhealthy_taint=effect,
             gpu_sharing=sharing,
+            mig_mode=mig,
         )
     dry_run: dict[str, Any] = {
         "log_format": logs,
@@ -420,6 +436,7 @@ def _options(
             config_file=runtime["config_file"],
             taint=effect,
             gpu_sharing=sharing,
+            mig_mode=mig,
             output=values.get("output") or "table",
             env=dict(env),
         )

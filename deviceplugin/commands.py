@@ -80,22 +80,25 @@ class _PlainDumper(yaml.SafeDumper):
 
 
 def sim_root(settings: SimRootOptions) -> int:
-    """Write the host tree of a simulated node under DIR, with the simulated NVML library, for
-    `--nvidia-driver-root DIR` (and any other NVML consumer given DIR as its driver root)."""
-    from deviceplugin.sim.hostroot import install_library, lay_out
-    from deviceplugin.sim.libbuild import BuildError, library_path
+    """Write the host tree of a simulated node under DIR, with the simulated NVML library and MPS
+    control program, for `--nvidia-driver-root DIR` (and any other NVML consumer given DIR as its
+    driver root)."""
+    from deviceplugin.sim.hostroot import install_library, install_mps_control, lay_out
+    from deviceplugin.sim.libbuild import BuildError, library_path, mps_control_path
     from deviceplugin.sim.node import read_node, resolve_node_path
 
     directory = Path(settings.directory)
     node = read_node(resolve_node_path(settings.node))
     try:
         library = library_path()
+        mps_control = mps_control_path()
     except BuildError as exc:
-        print(f"sim-root: no simulated libnvidia-ml.so.1: {exc}", file=sys.stderr)
+        print(f"sim-root: no simulated libnvidia-ml.so.1 or MPS control: {exc}", file=sys.stderr)
         return 1
     try:
         real = lay_out(node, directory)
         install_library(node, directory, library)
+        install_mps_control(directory, mps_control)
     except OSError as exc:
         print(f"sim-root: cannot write {directory}: {exc.strerror}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.dra.driver import DraDriver
 from deviceplugin.model.cdi import VALID_VERSIONS, minimum_cdi_version
 from deviceplugin.model.memoryshares import GpuSharing
+from deviceplugin.model.migpartitions import MigMode
 from deviceplugin.runtime.options import DraServeOptions
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.hostroot import EVENTS_FILE, install_library, lay_out
@@ -134,7 +135,7 @@ def published(server: ApiServer, node: str = NODE) -> dict[str, dict[str, Any]]:
         d["name"]: d
         for s in server.slices.values()
         if s["spec"]["nodeName"] == node
-        for d in s["spec"]["devices"]
+        for d in s["spec"].get("devices") or []
     }
 
 
@@ -226,6 +227,7 @@ async def running_driver(
     watcher: bool = True,
     library: bool = False,
     gpu_sharing: GpuSharing = "off",
+    mig_mode: MigMode = "static",
 ) -> AsyncIterator[Node]:
     """The driver started and (with `watcher`) registered, its first slices published. With
     `library`, no `--simulate`: the production path on the simulated libnvidia-ml.so.1."""
@@ -251,6 +253,7 @@ async def running_driver(
         kubeconfig=str(write_kubeconfig(root / "kubeconfig", server.url)),
         node_name=NODE,
         gpu_sharing=gpu_sharing,
+        mig_mode=mig_mode,
     )
     emulator = PluginWatcher(settings.kubelet_root)
     driver = DraDriver(settings, simulator=simulator_for(settings.simulate))

@@ -82,6 +82,7 @@ async def running_plugin(
     kubelet_type: Callable[[Path], KubeletEmulator] = KubeletEmulator,
     cdi_spec_dir: Path | None = None,
     driver_root: Path | None = None,
+    mps_check_seconds: float = 5.0,
 ) -> AsyncIterator[Plugin]:
     """`kubelet_type` makes the emulator on the kubelet directory (a subclass can observe
     registrations); `cdi_spec_dir` replaces `<root>/cdi`. With `driver_root` (a sim-root tree),
@@ -110,7 +111,9 @@ async def running_plugin(
         cdi_spec_dir=cdi_spec_dir or root / "cdi",
         env=dict(env or {}),
     )
-    supervisor = Supervisor(settings, Metrics(), simulator_for(settings.simulate))
+    supervisor = Supervisor(
+        settings, Metrics(), simulator_for(settings.simulate), mps_check_seconds=mps_check_seconds
+    )
     task = asyncio.get_running_loop().create_task(run_supervisor(supervisor))
     plugin = Plugin(root, kubelet, supervisor, events, task)
     try:

@@ -794,11 +794,6 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
             id="gfd",
         ),
         pytest.param(
-            "flags: {mpsRoot: /run/nvidia/mps}",
-            ["flags.mpsRoot: not used by this plugin (MPS is not supported); ignored"],
-            id="mps-root",
-        ),
-        pytest.param(
             "flags: {gdrcopyEnabled: true, gdsEnabled: false, mofedEnabled: true, "
             "useNodeFeatureAPI: true, deviceDiscoveryStrategy: auto}",
             [
@@ -819,17 +814,6 @@ def test_unreadable_file_names_the_path(tmp_path: Path) -> None:
             ],
             id="plugin",
         ),
-        pytest.param(
-            "flags: {mpsRoot: /run/nvidia/mps}\n"
-            "sharing: {mps: {resources: [{name: gpu, replicas: 4}, {name: mig-1g.10gb, "
-            "replicas: 2}]}}",
-            [
-                "flags.mpsRoot: not used by this plugin (MPS is not supported); ignored",
-                "sharing.mps: MPS sharing is not supported and is NOT applied: nvidia.com/gpu x4, "
-                "nvidia.com/mig-1g.10gb x2 will not be shared through MPS",
-            ],
-            id="mps",
-        ),
         pytest.param("imex: {}\nflags: {gfd: null, mpsRoot: null}", [], id="empty-or-null"),
     ],
 )
@@ -837,6 +821,38 @@ def test_known_but_unused_keys_warn(text: str, warnings: list[str]) -> None:
     parsed = parse_config(text)
     assert list(parsed.warnings) == warnings
     assert parsed.config.sharing.time_slicing is None
+
+
+def test_mps_is_acted_on_and_time_slicing_beside_it_is_ignored_with_a_warning() -> None:
+    parsed = parse_config(
+        "flags: {mpsRoot: /run/nvidia/mps}\n"
+        "sharing: {mps: {resources: [{name: gpu, replicas: 4}]}, "
+        "timeSlicing: {resources: [{name: gpu, replicas: 2}]}}"
+    )
+    assert parsed.warnings == (
+        "sharing.timeSlicing: ignored, sharing.mps is given too and MPS is acted on "
+        "(as the reference does)",
+    )
+    assert parsed.config.sharing.replicated[1] == "sharing.mps"
+    mps = parsed.config.sharing.mps
+    assert mps is not None and mps.fail_requests_greater_than_one is True
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "words"),
+    [
+        pytest.param("{mpsRoot: run/mps}", "flags.mpsRoot", "absolute path", id="relative"),
+        pytest.param("{mpsRoot: ''}", "flags.mpsRoot", "got none", id="empty"),
+        pytest.param("{}", "flags.mpsRoot", "got none", id="missing"),
+    ],
+)
+def test_mps_needs_an_absolute_mps_root(text: str, path: str, words: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(
+            f"flags: {text}\nsharing: {{mps: {{resources: [{{name: gpu, replicas: 4}}]}}}}"
+        )
+    assert caught.value.path == path
+    assert words in caught.value.message
 
 
 def test_reference_configmap_with_unused_keys_still_applies_what_it_can() -> None:
@@ -857,8 +873,8 @@ imex: {channelIDs: []}
     assert parsed.config.flags.plugin.pass_device_specs is True
     assert parsed.config.sharing.time_slicing is not None
     assert parsed.config.sharing.time_slicing.resources[0].replicas == 3
+    assert parsed.config.flags.mps_root == "/run/nvidia/mps"
     assert [w.split(":")[0].split(" ")[0] for w in parsed.warnings] == [
-        "flags.mpsRoot",
         "flags.gfd",
         "flags.plugin.nvidiaCTKPath",
         "imex",
@@ -1117,11 +1133,12 @@ def test_file_must_be_valid_even_where_overridden(tmp_path: Path) -> None:
 
 def test_overrides_keep_file_warnings(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
-    path.write_text("flags: {mpsRoot: /run/nvidia/mps}\n")
+    path.write_text("flags: {gfd: {oneshot: false}}\n")
     parsed = load_config(str(path), {"mig_strategy": "mixed"}, {})
     assert parsed.config.flags.mig_strategy == "mixed"
     assert parsed.warnings == (
-        "flags.mpsRoot: not used by this plugin (MPS is not supported); ignored",
+        "flags.gfd (oneshot): not used by this plugin (it configures gpu-feature-discovery); "
+        "ignored",
     )
 
 

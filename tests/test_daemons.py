@@ -75,7 +75,7 @@ def test_a_reload_whose_rediscovery_fails_changes_nothing(
             served_before = daemon.served()
             source_before = engine.core_status(True).config_source
 
-            def lost(_: object) -> None:
+            def lost(_: object, **options: object) -> None:
                 raise NvmlError("nvmlDeviceGetCount: GPU is lost")
 
             monkeypatch.setattr(deviceplugin.runtime.engine, "discover", lost)

@@ -455,3 +455,11 @@ def test_gpu_sharing_reaches_the_driver_and_brings_the_shared_classes() -> None:
     classes = {c["metadata"]["name"]: c["spec"] for c in of_kind(docs, "DeviceClass")}
     extended = classes["gpu-shared-extended.nvidia.com"]["extendedResourceName"]
     assert "gpu-shared.nvidia.com" in classes and extended == "nvidia.com/gpu.shared"
+
+
+@needs_helm
+def test_the_mig_mode_reaches_the_driver() -> None:
+    for given, expected in ((), "static"), (("--set", "dra.migMode=dynamic"), "dynamic"):
+        docs = render("--set", "dra.enabled=true", *given)
+        (driver,) = [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("dra")]
+        assert container_env(driver)["DP_DRA_MIG_MODE"] == expected

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -366,3 +367,54 @@ def test_two_resources_on_one_socket_are_refused() -> None:
 def _config(document: dict[str, Any]) -> Config:
     """A config as a file holding `document` gives it."""
     return parse_config(json.dumps(document)).config
+
+
+# --- MPS ------------------------------------------------------------------------------------------
+
+
+def mps(strategy: str = "none", replicas: int = 4, **sharing: Any) -> Config:
+    resources = [{"name": "nvidia.com/gpu", "replicas": replicas}]
+    return config(
+        flags={"migStrategy": strategy, "mpsRoot": "/run/nvidia/mps"},
+        sharing={"mps": {"resources": resources, **sharing}},
+    )
+
+
+def test_mps_replicas_are_named_as_time_slicing_and_marked_mps() -> None:
+    plan = build_plan(node(gpu(0), gpu(1)), mps(renameByDefault=True))
+    [shared] = plan.resources.values()
+    assert shared.name == "nvidia.com/gpu.shared" and shared.mps
+    assert [d.id for d in shared.devices][:2] == ["GPU-0::0", "GPU-0::1"]
+    assert len(shared.devices) == 8 and shared.fail_requests_greater_than_one
+
+
+def test_mps_on_mig_devices_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        build_plan(node(gpu(0, (mig(0, 0),))), mps("single"))
+    assert caught.value.path == "sharing.mps.resources[0].name"
+    assert "sharing using MPS is not supported for MIG devices" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("capability", "replicas", "refused"),
+    [
+        pytest.param("8.0", 48, False, id="ampere-48"),
+        pytest.param("8.0", 49, True, id="ampere-49"),
+        pytest.param("7.0", 16, False, id="volta-70-16"),
+        pytest.param("7.0", 17, True, id="volta-70-17"),
+    ],
+)
+def test_mps_replicas_are_bounded_by_the_servers_clients(
+    capability: str, replicas: int, refused: bool
+) -> None:
+    inventory = node(replace(gpu(0), compute_capability=capability))
+    if not refused:
+        assert (
+            len(build_plan(inventory, mps(replicas=replicas)).resources["nvidia.com/gpu"].devices)
+            == replicas
+        )
+        return
+    with pytest.raises(ConfigError) as caught:
+        build_plan(inventory, mps(replicas=replicas))
+    assert caught.value.path == "sharing.mps.resources[0].replicas"
+    assert "maximum allowed replicas exceeded" in caught.value.message

@@ -251,7 +251,9 @@ def test_inspect_and_cdi_spec_are_the_same_on_both_backends(preset: str, tmp_pat
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    common = ("--nvidia-driver-root", str(root), "--mig-strategy", "mixed")
+    # The dynamic-MIG node has MIG on and no MIG device: only `none` advertises its GPUs.
+    strategy = "none" if preset == "a100-80gb-x8-dynamic" else "mixed"
+    common = ("--nvidia-driver-root", str(root), "--mig-strategy", strategy)
     simulated = run("inspect", "--simulate", source, *common)
     assert json.loads(simulated)["resources"]
     assert run("inspect", *common) == simulated

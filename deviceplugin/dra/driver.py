@@ -107,6 +107,7 @@ class DraDriver:
         self.node = settings.node_name or socket.gethostname()
         # set by the command line (`--gpu-sharing`), which checked it
         self.memory_shares = settings.gpu_sharing == "memory"
+        self.dynamic_mig = settings.mig_mode == "dynamic"  # `--mig-mode`, checked there too
         directory = plugin_dir(settings.kubelet_root, settings.driver_name)
         self.dra_socket = directory / DRA_SOCKET_NAME
         self.registration = RegistrationServer(
@@ -157,6 +158,7 @@ class DraDriver:
             taint=settings.unhealthy_taint,
             observer=self.metrics,
             memory_shares=self.memory_shares,
+            dynamic_mig=self.dynamic_mig,
         )
         plugins_dir = self._device_plugins_dir
         self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
@@ -376,11 +378,11 @@ class DraDriver:
             self.engine.proc_root,
         )
         if not self.memory_shares:
-            return NodeDevices.build(inventory, scan, options)
+            return NodeDevices.build(inventory, scan, options, False, self.dynamic_mig)
         library = nvml_library(scan.libraries, options.driver_root)
         hook = await asyncio.to_thread(self._install_hook, library)
         limited = await asyncio.to_thread(self._limited, inventory)
-        return NodeDevices.build(inventory, scan, options, True, hook, limited)
+        return NodeDevices.build(inventory, scan, options, True, self.dynamic_mig, hook, limited)
 
     def _install_hook(self, library: str | None) -> LimitHook | None:
         """The memory-limit hook copied onto the host (a thread); None, logged, when it cannot

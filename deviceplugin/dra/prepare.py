@@ -85,6 +85,7 @@ from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
 from deviceplugin.model.log import log_event
 from deviceplugin.model.memoryshares import MEMORY, MEMORY_LIMIT_ENV
+from deviceplugin.model.migpartitions import partition_name, partitionable, partitions
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import device_name, physical_devices
 from deviceplugin.node.cdiwriter import SpecWriter, describe
@@ -112,6 +113,7 @@ TIME_SLICE = "time-slice"  # another time slice than the GPU runs
 CDI_SPEC = "cdi-spec"  # the spec cannot be written
 CHECKPOINT = "checkpoint"  # the checkpoint cannot be saved
 LOCKED = "locked"  # another driver process holds the node's lock
+NOT_SUPPORTED = "not-supported"  # a dynamic MIG partition: cutting it is not built yet
 
 
 class ClaimReader(Protocol):
@@ -173,6 +175,7 @@ class NodeDevices:
     memory_shares: bool = False  # whole GPUs are published shareable by memory
     limit_hook: LimitHook | None = None  # what caps a share (memorylimits.py)
     limited: frozenset[str] = frozenset()  # GPU UUIDs whose NVML has per-cgroup memory limits
+    partitions: frozenset[str] = frozenset()  # dynamic MIG partition names, none cut yet
 
     @property
     def cdi(self) -> tuple[HostScan, CdiOptions]:
@@ -185,13 +188,22 @@ class NodeDevices:
         scan: HostScan,
         options: CdiOptions,
         memory_shares: bool = False,
+        dynamic_mig: bool = False,
         limit_hook: LimitHook | None = None,
         limited: frozenset[str] = frozenset(),
     ) -> NodeDevices:
         """Only devices the slices publish: a MIG-enabled GPU is published as its MIG devices,
-        not whole, so its own name is unknown here too."""
-        by_name = {device_name(gpu, mig): (gpu, mig) for gpu, mig in physical_devices(inventory)}
-        return cls(by_name, scan, options, memory_shares, limit_hook, limited)
+        not whole, so its own name is unknown here too; in dynamic MIG mode a partitionable
+        GPU is published whole and as its partitions instead."""
+        found = physical_devices(inventory, dynamic_mig)
+        by_name = {device_name(gpu, mig): (gpu, mig) for gpu, mig in found}
+        cut = (
+            partition_name(gpu, profile, start)
+            for gpu in inventory.gpus
+            if dynamic_mig and partitionable(gpu)
+            for profile, start, _ in partitions(gpu)
+        )
+        return cls(by_name, scan, options, memory_shares, limit_hook, limited, frozenset(cut))
 
 
 def _refused(claims: Sequence[ClaimRef]) -> dict[str, str]:
@@ -516,6 +528,13 @@ class Preparer:
         name, pool = str(result.get("device", "")), str(result.get("pool", ""))
         request = str(result.get("request", ""))
         found = self._devices.by_name.get(name) if pool == self.pool else None
+        if found is None and pool == self.pool and name in self._devices.partitions:
+            raise PrepareError(
+                f"ResourceClaim {ref}: device {name!r} is a dynamic MIG partition: cutting MIG"
+                " partitions at Prepare is not yet supported (dra serve --mig-mode dynamic"
+                " publishes them for the scheduler only); claim a whole GPU instead",
+                NOT_SUPPORTED,
+            )
         if found is None:
             raise PrepareError(
                 f"ResourceClaim {ref}: device {name!r} of pool {pool!r} is not a device "

@@ -15,9 +15,11 @@ How to use it (the composition root does this):
 benchmark). `inventory` is the node as discovery found it and `unhealthy` the health engine's
 UUID -> reason (`model.slices` publishes the hardware as it is, whatever the device plugin's
 MIG strategy), and `taint` (constructor) the effect of the taint an unhealthy device gets, or
-None for no taint, and `memory_shares` whether whole GPUs are published shareable by memory
-(`model.memoryshares`). Call `want` again whenever the inventory or a device's health changes;
-calling it with an unchanged state writes nothing. Every API call is made by the publisher's
+None for no taint, `memory_shares` whether whole GPUs are published shareable by memory
+(`model.memoryshares`), and `dynamic_mig` whether MIG-capable GPUs are published as partitions
+with their counter sets, in slices of their own (`model.migpartitions`). Call `want` again
+whenever the inventory or a device's health changes; calling it with an unchanged state writes
+nothing. Every API call is made by the publisher's
 own sync task (the shape of the slices controller behind Kubernetes' `kubeletplugin.Helper`),
 so the engine's serialized path never waits on the API server.
 
@@ -59,6 +61,7 @@ from typing import Any, Protocol
 
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
+from deviceplugin.model.migpartitions import counter_sets
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import (
     DEFAULT_TAINT,
@@ -66,6 +69,7 @@ from deviceplugin.model.slices import (
     TaintEffect,
     build_devices,
     build_slices,
+    quantity,
 )
 from deviceplugin.runtime.kubeclient import KubeError
 
@@ -120,9 +124,11 @@ class SlicePublisher:
         taint: TaintEffect | None = DEFAULT_TAINT,
         observer: PublishObserver | None = None,
         memory_shares: bool = False,
+        dynamic_mig: bool = False,
     ) -> None:
         self.node_name = node_name
         self.memory_shares = memory_shares
+        self.dynamic_mig = dynamic_mig
         self.driver = driver
         self.taint = taint
         self._api = api
@@ -130,6 +136,7 @@ class SlicePublisher:
         self._observer = observer
         self.refusal: str | None = None  # why the API server refused the latest write
         self._desired: list[JsonObject] = []  # the devices to publish
+        self._counter_sets: list[JsonObject] = []  # and the counter sets (dynamic MIG)
         self._version = 0  # bumped by every want(); the sync task chases the newest
         self._synced_version = -1
         self._stored: dict[str, JsonObject] | None = None  # slices on the server; None: re-list
@@ -164,8 +171,9 @@ class SlicePublisher:
         """Make the slices say what `inventory` and `unhealthy` say, in the background: returns
         at once, whatever the API server does."""
         self._desired = build_devices(
-            inventory, unhealthy, self.driver, self.taint, self.memory_shares
+            inventory, unhealthy, self.driver, self.taint, self.memory_shares, self.dynamic_mig
         )
+        self._counter_sets = counter_sets(inventory, quantity) if self.dynamic_mig else []
         self._version += 1
         self._published.clear()
         self._kick()
@@ -292,7 +300,7 @@ class SlicePublisher:
         began = time.perf_counter()
         self._syncing = True
         try:
-            reached_api = await self._sync(self._desired)
+            reached_api = await self._sync(self._desired, self._counter_sets)
         except Exception as err:  # the driver must outlive any API failure
             self._report(began, ok=False)
             self._stored = None
@@ -342,9 +350,10 @@ class SlicePublisher:
         if self._observer is not None:
             self._observer.publish_done(time.perf_counter() - began, ok)
 
-    async def _sync(self, devices: Sequence[JsonObject]) -> bool:
-        """Bring the server's slices to `devices`; False when that needed no API call."""
-        wanted = _contents(build_slices(self.node_name, devices, 0, self.driver))
+    async def _sync(self, devices: Sequence[JsonObject], sets: Sequence[JsonObject]) -> bool:
+        """Bring the server's slices to `devices` and counter `sets`; False when that needed no
+        API call."""
+        wanted = _contents(build_slices(self.node_name, devices, 0, self.driver, sets))
         if self._stored is not None and wanted == self._written:
             return False  # nothing changed since the last write
         if self._stored is None:
@@ -359,7 +368,7 @@ class SlicePublisher:
         generation = max([self._generation, *generations]) + 1
         names = set()
         taints = _taints_by_device(stored.values())
-        for body in build_slices(self.node_name, devices, generation, self.driver):
+        for body in build_slices(self.node_name, devices, generation, self.driver, sets):
             _keep_taint_times(body, taints)
             name = body["metadata"]["name"]
             names.add(name)
@@ -417,7 +426,8 @@ def _contents(items: Iterable[JsonObject]) -> list[tuple[str, Any]]:
     for item in items:
         spec = dict(item.get("spec", {}))
         spec["pool"] = {k: v for k, v in spec.get("pool", {}).items() if k != "generation"}
-        spec["devices"] = [_without_taint_times(d) for d in spec.get("devices") or []]
+        if not spec.get("sharedCounters"):  # a device slice, maybe empty (then left out)
+            spec["devices"] = [_without_taint_times(d) for d in spec.get("devices") or []]
         result.append((item["metadata"]["name"], spec))
     return sorted(result, key=lambda pair: pair[0])
 
@@ -442,7 +452,7 @@ def _taints_by_device(slices: Iterable[JsonObject]) -> dict[str, list[JsonObject
 def _keep_taint_times(body: JsonObject, stored: Mapping[str, list[JsonObject]]) -> None:
     """Give each taint in `body` the `timeAdded` of the same taint (key and effect) already on
     the server, as the API server would stamp a new one with the time of this write."""
-    for device in body["spec"]["devices"]:
+    for device in body["spec"].get("devices") or []:
         for taint in device.get("taints") or []:
             for old in stored.get(device["name"], ()):
                 same = old.get("key") == taint["key"] and old.get("effect") == taint["effect"]

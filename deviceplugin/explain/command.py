@@ -11,7 +11,10 @@ UUID` marks a GPU or MIG device, and each line of `--simulate-events FILE` goes 
 Xid policy as `serve` (`{"uuid": ..., "xid": 79}`; `{"uuid": ..., "lost": true}`), so a device
 hit by a critical Xid drops out of a class that asks for `healthy`, and out of every claim that
 does not tolerate its taint. `--config-file` is checked as `dra serve` would check it; nothing in
-it changes what is published.
+it changes what is published. `--gpu-sharing` and `--mig-mode` publish as `dra serve` does with
+them; with `--mig-mode dynamic` the classes are evaluated on the whole GPUs and partitions, but
+a `--claim` is refused: allocating against shared counters is not emulated yet, and an answer
+that ignored them would be wrong.
 
 Bad input of any kind (unreadable files, YAML that is not a Kubernetes object, objects the API
 server would refuse) is answered with exit 2 and a message naming the file and field path.
@@ -64,6 +67,12 @@ def build_report(options: ExplainOptions) -> JsonObject:
     """The devices, each class's verdict per device, and each claim's allocation."""
     classes = read_classes(read_documents(options.class_file), options.class_file)
     claims = []
+    if options.claim_file and options.mig_mode == "dynamic":
+        raise ConfigError(
+            "--claim",
+            "predicting allocations with --mig-mode dynamic (shared counters) is not yet"
+            " supported; leave out --claim to see which partitions each class selects",
+        )
     if options.claim_file:
         claims = read_claims(read_documents(options.claim_file), options.claim_file)
     published = node_devices(options)
@@ -100,7 +109,7 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
     except DevicePluginError as err:
         raise ConfigError(f"--simulate {options.simulate}", str(err)) from err
     try:
-        inventory = discover(nvml)
+        inventory = discover(nvml, mig_profiles=options.mig_mode == "dynamic")
     finally:
         with contextlib.suppress(DevicePluginError):
             nvml.shutdown()
@@ -108,8 +117,8 @@ def node_devices(options: ExplainOptions) -> list[JsonObject]:
     if options.events_file:
         policy = policy_from_env(options.env)
         unhealthy.update(events_health(Path(options.events_file), policy, inventory))
-    shares = options.gpu_sharing == "memory"
-    return build_devices(inventory, unhealthy, options.driver, options.taint, shares)
+    shares, dynamic = options.gpu_sharing == "memory", options.mig_mode == "dynamic"
+    return build_devices(inventory, unhealthy, options.driver, options.taint, shares, dynamic)
 
 
 def events_health(path: Path, policy: HealthPolicy, inventory: Inventory) -> dict[str, str]:
@@ -218,7 +227,7 @@ def _summary(device: JsonObject) -> JsonObject:
     return {
         "name": device["name"],
         "type": attributes["type"]["string"],
-        "uuid": attributes["uuid"]["string"],
+        "uuid": attributes.get("uuid", {}).get("string", ""),  # none for a partition not cut yet
         "profile": attributes["nvidia.com/migProfile"]["string"],
         "healthy": attributes["nvidia.com/healthy"]["bool"],
         "taints": device.get("taints", []),

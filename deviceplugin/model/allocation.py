@@ -45,6 +45,10 @@ CONTROL_NODES = (
     "/dev/nvidia-modeset",
 )
 MESSAGE_ID_LIMIT = 5  # IDs named in one error message; the rest are counted
+# Where an MPS client finds its daemon: the reference's container paths.
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_CONTAINER_ROOT = "/mps"
+MPS_CONTAINER_SHM = "/dev/shm"
 
 
 def cdi_enabled(config: Config) -> bool:
@@ -109,6 +113,7 @@ class AllocateOptions:
     # Variables every response carries, whatever the strategy (the reference's GDRCopy, GDS and
     # MOFED switches: `NVIDIA_GDS=enabled` asks the NVIDIA runtime to add GPUDirect Storage).
     feature_envs: tuple[str, ...] = ()
+    mps_root: str | None = None  # flags.mpsRoot: the host side of an MPS resource's mounts
 
     def __post_init__(self) -> None:
         strategies = self.device_list_strategy
@@ -138,6 +143,7 @@ class AllocateOptions:
             dev_root=config.flags.dev_root,
             cdi_annotation_prefix=plugin.cdi_annotation_prefix,
             feature_envs=feature_envs(config),
+            mps_root=config.flags.mps_root,
         )
 
     @property
@@ -184,12 +190,35 @@ def validate_request(resource: ResourceSet, device_ids: Sequence[str]) -> tuple[
     return devices
 
 
+def mps_paths(mps_root: str, resource: str) -> tuple[str, str, str]:
+    """An MPS resource's pipe, log and shm directories under `mps_root` (the reference's
+    layout: `<root>/<resource>/pipe`, `<root>/<resource>/log`, one `<root>/shm` for all)."""
+    return (
+        f"{mps_root.rstrip('/')}/{resource}/pipe",
+        f"{mps_root.rstrip('/')}/{resource}/log",
+        f"{mps_root.rstrip('/')}/shm",
+    )
+
+
+def _mps_client(resource: str, mps_root: str) -> tuple[dict[str, str], tuple[Mount, ...]]:
+    """What a container of an MPS resource is given in every strategy: the pipe directory as the
+    reference names it in the container, and the daemon's pipe and shm mounted there."""
+    pipe, _, shm = mps_paths(mps_root, resource)
+    container_pipe = mps_paths(MPS_CONTAINER_ROOT, resource)[0]
+    mounts = (Mount(container_pipe, pipe), Mount(MPS_CONTAINER_SHM, shm))
+    return {MPS_PIPE_ENV: container_pipe}, mounts
+
+
 def container_response(
-    devices: Sequence[Device], options: AllocateOptions, host: HostFacts
+    devices: Sequence[Device],
+    options: AllocateOptions,
+    host: HostFacts,
+    mps_resource: str | None = None,
 ) -> ContainerResponse:
     """The response for one container given these (validated) devices. Replicas of one GPU
     map back to that GPU once. With `envvar` only one resource per container is visible
-    (#728, see the module docstring)."""
+    (#728, see the module docstring). `mps_resource`: the devices are that resource's MPS
+    replicas, so the container is pointed at its daemon first, whatever the strategy."""
     physical = _unique_physical(devices)
     ids = tuple(_runtime_id(d, options.device_id_strategy) for d in physical)
     strategies = options.device_list_strategy
@@ -199,15 +228,20 @@ def container_response(
         key = _cdi_annotation_key(options.cdi_annotation_prefix, cdi_names)
         annotations[key] = ",".join(cdi_names)
     cdi_devices = cdi_names if "cdi-cri" in strategies else ()
-    envs = dict.fromkeys(options.feature_envs, "enabled")
-    if options.cdi_only:
-        return ContainerResponse(envs=envs, annotations=annotations, cdi_devices=cdi_devices)
+    envs: dict[str, str] = {}
     mounts: tuple[Mount, ...] = ()
+    if mps_resource is not None and options.mps_root is not None:
+        envs, mounts = _mps_client(mps_resource, options.mps_root)
+    envs.update(dict.fromkeys(options.feature_envs, "enabled"))
+    if options.cdi_only:
+        return ContainerResponse(
+            envs=envs, mounts=mounts, annotations=annotations, cdi_devices=cdi_devices
+        )
     if "envvar" in strategies:
         envs[VISIBLE_DEVICES] = ",".join(ids)
     if "volume-mounts" in strategies:
         envs[VISIBLE_DEVICES] = VOLUME_MOUNTS_ROOT  # overrides envvar, as the reference does
-        mounts = tuple(Mount(f"{VOLUME_MOUNTS_ROOT}/{i}", "/dev/null") for i in ids)
+        mounts += tuple(Mount(f"{VOLUME_MOUNTS_ROOT}/{i}", "/dev/null") for i in ids)
     specs = _device_specs(physical, options.dev_root, host) if options.pass_device_specs else ()
     return ContainerResponse(
         envs=envs,
@@ -229,7 +263,8 @@ def allocate(
     if not container_requests:
         raise AllocationError(f"allocate request for {resource.name} has no container requests")
     chosen = [validate_request(resource, device_ids) for device_ids in container_requests]
-    return tuple(container_response(devices, options, host) for devices in chosen)
+    mps_resource = resource.name if resource.mps else None
+    return tuple(container_response(devices, options, host, mps_resource) for devices in chosen)
 
 
 def _listed(items: Sequence[str]) -> str:

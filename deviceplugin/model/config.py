@@ -142,6 +142,11 @@ class PluginFlags:
     )
 
 
+def _absolute_or_unset(value: str) -> str | None:
+    """`flags.mpsRoot`: the reference's unset value is the empty string."""
+    return _absolute(value) if value else None
+
+
 def _absolute(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError(f"must be an absolute path, got {quote(value)}")
@@ -159,6 +164,8 @@ class Flags:
     nvidia_driver_root: str = field("nvidiaDriverRoot", checked(string, _absolute), "/")
     # None: the same as nvidia_driver_root (see dev_root)
     nvidia_dev_root: str | None = field("nvidiaDevRoot", nullable(checked(string, _absolute)), None)
+    # Where the MPS control daemons keep their pipe, log and shm directories (sharing.mps).
+    mps_root: str | None = field("mpsRoot", nullable(checked(string, _absolute_or_unset)), None)
     # Ask the NVIDIA runtime to add GDRCopy, GPUDirect Storage and MOFED support to every
     # container (NVIDIA_GDRCOPY/NVIDIA_GDS/NVIDIA_MOFED=enabled): on by default, as in the
     # reference plugin v0.19.0.
@@ -313,10 +320,27 @@ class TimeSlicing:
 
 
 @_model
+class Mps(TimeSlicing):
+    """`sharing.mps`: resources shared through one MPS control daemon each, with the replica IDs
+    of time-slicing; as in the reference, a request for more than one replica is refused unless
+    `failRequestsGreaterThanOne: false` says otherwise."""
+
+    fail_requests_greater_than_one: bool = field("failRequestsGreaterThanOne", boolean, True)
+
+
+@_model
 class Sharing:
-    """`sharing`: only time-slicing is acted on (`sharing.mps` is read, warned about, ignored)."""
+    """`sharing`: time-slicing or MPS; with both, MPS is acted on, as in the reference."""
 
     time_slicing: TimeSlicing | None = field("timeSlicing", nullable(model(TimeSlicing)), None)
+    mps: Mps | None = field("mps", nullable(model(Mps)), None)
+
+    @property
+    def replicated(self) -> tuple[TimeSlicing | None, str]:
+        """The section acted on and its config path."""
+        if self.mps is not None:
+            return self.mps, "sharing.mps"
+        return self.time_slicing, "sharing.timeSlicing"
 
 
 @_model
@@ -412,7 +436,7 @@ def summary(config: Config) -> str:
     ]
     if plugin.device_id_strategy != "uuid":
         parts.append(f"deviceIDStrategy={plugin.device_id_strategy}")
-    slicing = config.sharing.time_slicing
+    slicing, path = config.sharing.replicated
     if slicing is None:
         parts.append("no sharing")
     else:
@@ -427,7 +451,8 @@ def summary(config: Config) -> str:
             if slicing.advertised_name(entry) != entry.name:
                 text += f" as {slicing.advertised_name(entry)}"
             shared.append(text)
-        parts.append("time-slicing " + ", ".join(shared))
+        mode = "mps" if path == "sharing.mps" else "time-slicing"
+        parts.append(f"{mode} " + ", ".join(shared))
     return f"valid {config.version} config: " + ", ".join(parts)
 
 
@@ -441,15 +466,13 @@ def _build(document: Mapping[str, object], overrides: Sequence[Given]) -> Parsed
     config = _validate(Config, scan.known, "", labels)
     _check_unused(scan.unused, config)
     warnings: list[str] = []
+    if config.sharing.mps is not None and config.sharing.time_slicing is not None:
+        warnings.append(
+            "sharing.timeSlicing: ignored, sharing.mps is given too and MPS is acted on "
+            "(as the reference does)"
+        )
     for path, value in scan.unused.items():
-        if path == "sharing.mps":
-            mps = _validate(TimeSlicing, value, path, {})
-            names = ", ".join(f"{entry.name} x{entry.replicas}" for entry in mps.resources)
-            warnings.append(
-                f"sharing.mps: MPS sharing is not supported and is NOT applied: {names} "
-                "will not be shared through MPS"
-            )
-        elif value != {}:
+        if value != {}:
             keys = f" ({', '.join(value)})" if isinstance(value, dict) else ""
             warnings.append(f"{path}{keys}: not used by this plugin ({UNUSED[path]}); ignored")
     return ParsedConfig(config=config, warnings=tuple(warnings))
@@ -466,16 +489,14 @@ def _check_unused(unused: Mapping[str, object], config: Config) -> None:
             "flags.deviceDiscoveryStrategy",
             f"must be one of {', '.join(DISCOVERY_STRATEGIES)}, got {describe(strategy)}",
         )
-    if "sharing.mps" in unused:
-        _validate(TimeSlicing, unused["sharing.mps"], "sharing.mps", {})
+    if config.sharing.mps is not None:
         if config.flags.mig_strategy == "mixed":
             raise ConfigError("sharing.mps", "MPS sharing cannot be used with migStrategy mixed")
-        root = unused.get("flags.mpsRoot")
-        if not isinstance(root, str) or not root:
+        if config.flags.mps_root is None:
             raise ConfigError(
                 "flags.mpsRoot",
                 "sharing.mps needs the MPS daemon's root directory here (e.g. /run/nvidia/mps), "
-                f"got {describe(root)}",
+                "got none",
             )
 
 

@@ -75,13 +75,11 @@ SCHEMA: Mapping[str, Shape] = {
 
 # Keys the reference defines but this plugin does not act on: path -> why.
 UNUSED: Mapping[str, str] = {
-    "flags.mpsRoot": "MPS is not supported",
     "flags.useNodeFeatureAPI": "it configures gpu-feature-discovery",
     "flags.deviceDiscoveryStrategy": "devices are always discovered through NVML",
     "flags.gfd": "it configures gpu-feature-discovery",
     "flags.plugin.nvidiaCTKPath": "only the reference's own CDI spec generation uses it",
     "flags.plugin.containerDriverRoot": "only the reference's own CDI spec generation uses it",
-    "sharing.mps": "MPS is not supported",
     "imex": "IMEX channels are not supported",
 }
 

@@ -48,6 +48,23 @@ class MigDevice:
 
 
 @record(frozen=True)
+class MigProfile:
+    """One GPU-instance profile a MIG-capable GPU offers, with where NVML lets an instance of
+    it start: what dynamic MIG publishes a partition device for (one per placement)."""
+
+    name: str  # as a MIG device of it is named: "1g.10gb", "1g.10gb+me"
+    profile_id: int  # the driver's GPU-instance profile id (NVIDIA's device names carry it)
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+    placements: tuple[tuple[int, int], ...]  # (start, size) in memory slices, NVML's order
+
+
+@record(frozen=True)
 class Gpu:
     """One physical GPU as NVML reports it."""
 
@@ -62,6 +79,7 @@ class Gpu:
     mig_capable: bool = False
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    mig_profiles: tuple[MigProfile, ...] = ()  # read only for dynamic MIG; empty otherwise
 
 
 @record(frozen=True)

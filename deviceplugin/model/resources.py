@@ -1,8 +1,9 @@
 """Inventory + Config -> the resources to advertise: {resource name: ResourceSet}.
 
 Applies the MIG strategy (`none`, `single`, `mixed`, as the reference plugin does), then
-time-slicing (replica IDs `<uuid>::<n>`, `rename`, `renameByDefault`, and — unlike the reference —
-the `devices` selection, so dedicated and shared GPUs can sit side by side), then health.
+time-slicing or MPS (replica IDs `<uuid>::<n>`, `rename`, `renameByDefault`, and — unlike the
+reference — the `devices` selection, so dedicated and shared GPUs can sit side by side; MPS only
+on whole GPUs, at most as many replicas as an MPS server takes clients), then health.
 A rename, in whichever section, never lands on a name other devices already have: whole GPUs
 and MIG devices, or two MIG profiles, are never merged into one resource by accident.
 Pure functions: the same inputs always give the same, deterministically ordered, sets.
@@ -21,6 +22,8 @@ from deviceplugin.model.errors import ConfigError, DiscoveryError
 from deviceplugin.model.record import record
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# Clients one MPS server takes per GPU: 48 from compute capability 7.5 (Volta MPS), else 16.
+MPS_CLIENTS_VOLTA, MPS_CLIENTS_OLDER = 48, 16
 
 
 @record(frozen=True)
@@ -29,8 +32,9 @@ class ResourceSet:
 
     name: str
     devices: tuple[Device, ...]
-    replicas: int = 1  # > 1 when the devices are time-sliced replicas
+    replicas: int = 1  # > 1 when the devices are time-sliced or MPS replicas
     fail_requests_greater_than_one: bool = False
+    mps: bool = False  # the replicas are shared through an MPS control daemon
 
     @property
     def shared(self) -> bool:
@@ -86,7 +90,7 @@ def build_plan(inventory: Inventory, config: Config) -> Plan:
         base = _strategy_single(inventory, config)
     else:
         base = _strategy_mixed(inventory, config, warnings)
-    resources = _apply_time_slicing(base, config, warnings)
+    resources = _apply_sharing(base, inventory, config, warnings)
     return Plan(resources=resources, warnings=tuple(warnings))
 
 
@@ -275,10 +279,11 @@ def _keys(device: Device) -> set[str]:
     return keys
 
 
-def _apply_time_slicing(
-    base: dict[str, list[Device]], config: Config, warnings: list[str]
+def _apply_sharing(
+    base: dict[str, list[Device]], inventory: Inventory, config: Config, warnings: list[str]
 ) -> dict[str, ResourceSet]:
-    slicing = config.sharing.time_slicing
+    slicing, section = config.sharing.replicated
+    mps = section == "sharing.mps"
     shared: dict[str, list[Device]] = {}
     replicas_of: dict[str, int] = {}
     dedicated = {name: list(devices) for name, devices in base.items()}
@@ -288,7 +293,7 @@ def _apply_time_slicing(
         [(entry, slicing.advertised_name(entry)) for entry in slicing.resources] if slicing else []
     )
     for position, (entry, target) in enumerate(entries):
-        path = f"sharing.timeSlicing.resources[{position}]"
+        path = f"{section}.resources[{position}]"
         if entry.name not in base:
             warnings.append(f"{path}: no device on this node backs {entry.name}; nothing shared")
             continue
@@ -301,6 +306,8 @@ def _apply_time_slicing(
             )
         if target in base and target != entry.name:
             raise ConfigError(f"{path}.rename", f"{target} is already a resource on this node")
+        if mps:
+            _check_mps(chosen, entry, inventory, path)
         origins[target] = f"{path}.rename" if entry.rename else f"{path}.name"
         dedicated[entry.name] = kept
         shared[target] = [
@@ -320,9 +327,41 @@ def _apply_time_slicing(
             devices=_ordered(devices),
             replicas=replicas_of[name],
             fail_requests_greater_than_one=fail_gt_one,
+            mps=mps,
         )
     _check_sockets(result, origins)
     return dict(sorted(result.items()))
+
+
+def _check_mps(
+    chosen: list[Device], entry: ReplicatedResource, inventory: Inventory, path: str
+) -> None:
+    """MPS shares whole GPUs only, each with at most as many replicas as its server takes."""
+    mig = next((device for device in chosen if device.mig is not None), None)
+    if mig is not None:
+        raise ConfigError(
+            f"{path}.name",
+            f"sharing using MPS is not supported for MIG devices ({entry.name} holds {mig.id})",
+        )
+    for device in chosen:
+        gpu = inventory.gpu(device.gpu_uuid)
+        most = mps_clients(gpu.compute_capability if gpu else "")
+        if entry.replicas > most:
+            raise ConfigError(
+                f"{path}.replicas",
+                f"maximum allowed replicas exceeded: {entry.replicas} > {most}: an MPS server "
+                f"on GPU {device.gpu_index} takes at most {most} clients",
+            )
+
+
+def mps_clients(compute_capability: str) -> int:
+    """Clients an MPS server takes on a GPU of this compute capability ("8.0")."""
+    major, _, minor = compute_capability.partition(".")
+    try:
+        volta = (int(major), int(minor or 0)) >= (7, 5)
+    except ValueError:
+        volta = False
+    return MPS_CLIENTS_VOLTA if volta else MPS_CLIENTS_OLDER
 
 
 def _check_sockets(resources: Mapping[str, ResourceSet], origins: Mapping[str, str]) -> None:

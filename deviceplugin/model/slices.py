@@ -28,7 +28,11 @@ NVSwitch). A MIG device carries its GPU's values.
 An unhealthy device also gets a taint `<driver>/unhealthy=<reason>` with the effect asked for
 (`NoSchedule` by default, `NoExecute`, or none at all), in the v1 `taints` field the API server
 keeps where the DRADeviceTaints gate is on (GA in 1.37) and drops where it is off. Slices are cut
-at the API's limits: 128 devices, or 64 when a slice holds a tainted device.
+at the API's limits: 128 devices, or 64 when a slice holds a tainted device or one that consumes
+counters.
+
+With dynamic MIG, a partitionable GPU is published whole and as every profile x placement, with
+counter sets in slices of their own (`model/migpartitions.py` names them and their counters).
 """
 
 from __future__ import annotations
@@ -39,13 +43,23 @@ from typing import Any, Literal
 
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice, PcieLevel
 from deviceplugin.model.memoryshares import MEMORY, request_policy
+from deviceplugin.model.migpartitions import (
+    MAX_COUNTER_SETS,
+    capacities,
+    largest,
+    partition_consumes,
+    partition_name,
+    partitionable,
+    partitions,
+    whole_consumes,
+)
 
 DRIVER = "gpu.nvidia.com"
 SEED_DOMAIN = "nvidia.com"
 STANDARD_DOMAIN = "resource.kubernetes.io"
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 128  # ResourceSliceMaxDevices
-MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, for a slice where any device has taints
+MAX_DEVICES_WITH_TAINTS = 64  # from 1.35, for a slice where any device has taints or counters
 MAX_ATTRIBUTES_AND_CAPACITIES = 32  # per device
 
 TaintEffect = Literal["NoSchedule", "NoExecute"]
@@ -76,24 +90,32 @@ def build_devices(
     driver: str = DRIVER,
     taint: TaintEffect | None = DEFAULT_TAINT,
     memory_shares: bool = False,
+    dynamic_mig: bool = False,
 ) -> list[JsonObject]:
     """One v1 Device per physical device of the node, in GPU, then MIG index order; a device
     whose UUID or parent GPU's UUID is in `unhealthy` (UUID -> reason) is published unhealthy,
     tainted with `taint` unless that is None. With `memory_shares`, whole GPUs are published
-    shareable by memory (`model.memoryshares`)."""
+    shareable by memory (`model.memoryshares`). With `dynamic_mig`, a partitionable GPU is
+    published whole and as its partitions instead (never shareable: `model.migpartitions`)."""
     groups = _Topology(inventory)
     sick = unhealthy or {}
-    devices = []
-    for gpu, mig in physical_devices(inventory):
+    devices: list[JsonObject] = []
+    for gpu, mig in physical_devices(inventory, dynamic_mig):
         reason = unhealthy_reason(gpu, mig, sick)
+        if dynamic_mig and partitionable(gpu):
+            built = _partitioned(gpu, inventory, groups, driver, reason, taint)
+            devices.extend(
+                _shareable(device, None) if memory_shares else device for device in built
+            )
+            continue
         device = _device(gpu, mig, inventory, groups, driver, reason, taint)
-        if memory_shares:
-            _shareable(device, gpu if mig is None else None)
-        devices.append(device)
+        devices.append(
+            _shareable(device, gpu if mig is None else None) if memory_shares else device
+        )
     return devices
 
 
-def _shareable(device: JsonObject, whole: Gpu | None) -> None:
+def _shareable(device: JsonObject, whole: Gpu | None) -> JsonObject:
     """Mark `device` for the shared classes (every device, so their selectors evaluate on MIG
     devices too) and, when it is the `whole` GPU, let the scheduler share its memory."""
     device["attributes"][f"{SEED_DOMAIN}/memoryShares"] = {"bool": whole is not None}
@@ -101,13 +123,17 @@ def _shareable(device: JsonObject, whole: Gpu | None) -> None:
         policy = request_policy(whole.memory_mib << 20, quantity)
         device["capacity"][MEMORY]["requestPolicy"] = policy
         device["allowMultipleAllocations"] = True
+    return device
 
 
-def physical_devices(inventory: Inventory) -> Iterator[tuple[Gpu, MigDevice | None]]:
+def physical_devices(
+    inventory: Inventory, dynamic_mig: bool = False
+) -> Iterator[tuple[Gpu, MigDevice | None]]:
     """What the node has, as DRA publishes it: each GPU with MIG disabled (mig None), and
-    each MIG device of a GPU with MIG enabled."""
+    each MIG device of a GPU with MIG enabled; with `dynamic_mig`, a partitionable GPU whole
+    (its partitions are `migpartitions.partitions`)."""
     for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        if not gpu.mig_enabled:
+        if not gpu.mig_enabled or (dynamic_mig and partitionable(gpu)):
             yield gpu, None
             continue
         yield from ((gpu, mig) for mig in sorted(gpu.mig_devices, key=lambda m: m.index))
@@ -120,11 +146,23 @@ def unhealthy_reason(gpu: Gpu, mig: MigDevice | None, unhealthy: Mapping[str, st
 
 
 def build_slices(
-    node: str, devices: Sequence[JsonObject], generation: int, driver: str = DRIVER
+    node: str,
+    devices: Sequence[JsonObject],
+    generation: int,
+    driver: str = DRIVER,
+    counter_sets: Sequence[JsonObject] = (),
 ) -> list[JsonObject]:
-    """The pool `node` as ResourceSlices named `<node>-<driver>-<n>`; at least one slice, so an
-    empty node still says it has nothing."""
+    """The pool `node` as ResourceSlices named `<node>-<driver>-<n>`: first the `counter_sets`
+    (dynamic MIG), in slices of their own of at most MAX_COUNTER_SETS (the API allows a slice
+    devices or counters, not both), then the devices; at least one device slice, so an empty
+    node still says it has nothing."""
+    sets = [
+        list(counter_sets[n : n + MAX_COUNTER_SETS])
+        for n in range(0, len(counter_sets), MAX_COUNTER_SETS)
+    ]
     chunks = split(devices)
+    contents: list[tuple[str, list[JsonObject]]] = [("sharedCounters", s) for s in sets]
+    contents += [("devices", chunk) for chunk in chunks]
     return [
         {
             "apiVersion": API_VERSION,
@@ -136,12 +174,12 @@ def build_slices(
                 "pool": {
                     "name": node,
                     "generation": generation,
-                    "resourceSliceCount": len(chunks),
+                    "resourceSliceCount": len(contents),
                 },
-                "devices": list(chunk),
+                field: list(items),
             },
         }
-        for n, chunk in enumerate(chunks)
+        for n, (field, items) in enumerate(contents)
     ]
 
 
@@ -151,11 +189,11 @@ def slice_name(node: str, driver: str, n: int) -> str:
 
 def split(devices: Sequence[JsonObject]) -> list[list[JsonObject]]:
     """Consecutive runs of at most MAX_DEVICES, or MAX_DEVICES_WITH_TAINTS for a run holding a
-    tainted device; always at least one (possibly empty) run."""
+    tainted device or one that consumes counters; always at least one (possibly empty) run."""
     chunks: list[list[JsonObject]] = [[]]
     tainted = False
     for device in devices:
-        has_taints = bool(device.get("taints"))
+        has_taints = bool(device.get("taints") or device.get("consumesCounters"))
         limit = MAX_DEVICES_WITH_TAINTS if tainted or has_taints else MAX_DEVICES
         if len(chunks[-1]) >= limit:
             chunks.append([])
@@ -242,6 +280,69 @@ def _device(
     if mig is not None:
         attributes["parentUUID"] = {"string": gpu.uuid}
         attributes["profile"] = {"string": mig.profile}
+    if mig is None:
+        attributes["index"] = {"int": gpu.index}
+        attributes["minor"] = {"int": gpu.minor}
+    else:
+        attributes["index"] = {"int": mig.index}
+        attributes["parentIndex"] = {"int": gpu.index}
+    _common(attributes, gpu, inventory, groups, mig.profile if mig else "", reason)
+    memory_mib = gpu.memory_mib if mig is None else mig.memory_mib
+    published: JsonObject = {
+        "name": device_name(gpu, mig),
+        "attributes": attributes,
+        "capacity": {"memory": {"value": quantity(memory_mib << 20)}},
+    }
+    _taint(published, driver, reason, taint)
+    return published
+
+
+def _partitioned(
+    gpu: Gpu,
+    inventory: Inventory,
+    groups: _Topology,
+    driver: str,
+    reason: str | None,
+    taint: TaintEffect | None,
+) -> list[JsonObject]:
+    """A partitionable GPU in dynamic MIG mode: whole (consuming its whole counter set, with
+    its largest capacities), then each of its partitions (`model/migpartitions.py`)."""
+    whole = _device(gpu, None, inventory, groups, driver, reason, taint)
+    biggest = {k: {"value": quantity(v)} for k, v in largest(gpu).items() if k != "memory"}
+    whole["capacity"].update(biggest)
+    whole["consumesCounters"] = whole_consumes(gpu, quantity)
+    devices = [whole]
+    for profile, start, size in partitions(gpu):
+        attributes: dict[str, JsonObject] = {
+            "type": {"string": "mig"},
+            "parentUUID": {"string": gpu.uuid},
+            "profile": {"string": profile.name},
+            "parentIndex": {"int": gpu.index},
+            "placementStart": {"int": start},
+            "placementSize": {"int": size},
+        }
+        _common(attributes, gpu, inventory, groups, profile.name, reason)
+        device: JsonObject = {
+            "name": partition_name(gpu, profile, start),
+            "attributes": attributes,
+            "capacity": {k: {"value": quantity(v)} for k, v in capacities(profile).items()},
+            "consumesCounters": partition_consumes(gpu, profile, start, size, quantity),
+        }
+        _taint(device, driver, reason, taint)
+        devices.append(device)
+    return devices
+
+
+def _common(
+    attributes: dict[str, JsonObject],
+    gpu: Gpu,
+    inventory: Inventory,
+    groups: _Topology,
+    profile: str,
+    reason: str | None,
+) -> None:
+    """The attributes every device of `gpu` carries: the GPU's product, versions and topology,
+    and the seed's (`migProfile` empty for the whole GPU)."""
     attributes["productName"] = {"string": gpu.name}
     attributes["architecture"] = {"string": architecture(gpu.compute_capability)}
     versions = {
@@ -250,35 +351,25 @@ def _device(
         "cudaDriverVersion": _cuda_version(inventory.cuda_driver_version),
     }
     attributes.update({k: {"version": v} for k, v in versions.items() if v is not None})
-    if mig is None:
-        attributes["index"] = {"int": gpu.index}
-        attributes["minor"] = {"int": gpu.minor}
-    else:
-        attributes["index"] = {"int": mig.index}
-        attributes["parentIndex"] = {"int": gpu.index}
     bus_id = _sysfs_bus_id(gpu.pci_bus_id)
     attributes["pcieBusID"] = {"string": bus_id}
     attributes[f"{STANDARD_DOMAIN}/pciBusID"] = {"string": bus_id}
     if gpu.numa_node is not None:
         attributes[f"{STANDARD_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
-    attributes[f"{SEED_DOMAIN}/migProfile"] = {"string": mig.profile if mig else ""}
+    attributes[f"{SEED_DOMAIN}/migProfile"] = {"string": profile}
     attributes[f"{SEED_DOMAIN}/parentUUID"] = {"string": gpu.uuid}
     attributes[f"{SEED_DOMAIN}/healthy"] = {"bool": reason is None}
     if gpu.numa_node is not None:
         attributes[f"{SEED_DOMAIN}/numaNode"] = {"int": gpu.numa_node}
     attributes[f"{SEED_DOMAIN}/pcieRoot"] = {"int": groups.pcie[gpu.index]}
     attributes[f"{SEED_DOMAIN}/nvlinkIsland"] = {"int": groups.nvlink[gpu.index]}
-    memory_mib = gpu.memory_mib if mig is None else mig.memory_mib
-    published: JsonObject = {
-        "name": device_name(gpu, mig),
-        "attributes": attributes,
-        "capacity": {"memory": {"value": quantity(memory_mib << 20)}},
-    }
+
+
+def _taint(device: JsonObject, driver: str, reason: str | None, taint: TaintEffect | None) -> None:
     if reason is not None and taint is not None:
-        published["taints"] = [
+        device["taints"] = [
             {"key": f"{driver}/unhealthy", "value": label_value(reason), "effect": taint}
         ]
-    return published
 
 
 def device_name(gpu: Gpu, mig: MigDevice | None) -> str:

@@ -11,6 +11,9 @@ the peer (the smaller of the two directions). On NVSwitch systems a link's remot
 switch, so every pair of GPUs that both have switch links is NVLink-connected, counted as the
 smaller number of switch links of the two. PCIe relation is NVML's common-ancestor level.
 
+With `mig_profiles` (dynamic MIG), each MIG-capable GPU also carries the GPU-instance profiles
+it offers with NVML's placements, named by the same rule as a MIG device of that profile.
+
 A GPU that answers GPU_IS_LOST is left out of the inventory (logged `discovery.gpu.lost`), so
 the rest of the node keeps being served; any other NVML failure raises NvmlError. The caller
 owns NVML init/shutdown.
@@ -23,10 +26,10 @@ from collections import Counter
 from itertools import combinations
 from pathlib import Path
 
-from deviceplugin.model.devices import Gpu, Inventory, Link, MigDevice, PcieLevel
+from deviceplugin.model.devices import Gpu, Inventory, Link, MigDevice, MigProfile, PcieLevel
 from deviceplugin.model.errors import GpuLostError
 from deviceplugin.model.log import log_event
-from deviceplugin.node.nvml import GpuInfo, MigInfo, NumaReader, NvLink, Nvml
+from deviceplugin.node.nvml import GiProfileInfo, GpuInfo, MigInfo, NumaReader, NvLink, Nvml
 
 logger = logging.getLogger(__name__)
 
@@ -47,13 +50,14 @@ _SUFFIXES = {
 }
 
 
-def discover(nvml: Nvml, host_root: str = "/") -> Inventory:
-    """Describe the node. `host_root` is where the host's /sys is mounted (for NUMA nodes)."""
+def discover(nvml: Nvml, host_root: str = "/", mig_profiles: bool = False) -> Inventory:
+    """Describe the node. `host_root` is where the host's /sys is mounted (for NUMA nodes);
+    `mig_profiles` reads each MIG-capable GPU's profiles and placements too."""
     read_numa = sysfs_numa_reader(host_root)
     found: list[tuple[Gpu, list[NvLink]]] = []
     for index in range(nvml.gpu_count()):
         try:
-            found.append(_gpu(nvml, index, read_numa))
+            found.append(_gpu(nvml, index, read_numa, mig_profiles))
         except GpuLostError as err:
             log_event(logger, "discovery.gpu.lost", logging.WARNING, gpu=index, error=str(err))
     gpus = tuple(gpu for gpu, _ in found)
@@ -65,9 +69,12 @@ def discover(nvml: Nvml, host_root: str = "/") -> Inventory:
     )
 
 
-def _gpu(nvml: Nvml, index: int, read_numa: NumaReader) -> tuple[Gpu, list[NvLink]]:
+def _gpu(
+    nvml: Nvml, index: int, read_numa: NumaReader, mig_profiles: bool
+) -> tuple[Gpu, list[NvLink]]:
     info = nvml.gpu(index)
     migs = nvml.mig_devices(index) if info.mig_enabled else []
+    profiles = nvml.gpu_instance_profiles(index) if mig_profiles and info.mig_capable else []
     gpu = Gpu(
         index=info.index,
         uuid=info.uuid,
@@ -80,8 +87,26 @@ def _gpu(nvml: Nvml, index: int, read_numa: NumaReader) -> tuple[Gpu, list[NvLin
         mig_capable=info.mig_capable,
         mig_enabled=info.mig_enabled,
         mig_devices=tuple(_mig_device(info, mig) for mig in migs),
+        mig_profiles=tuple(_mig_profile(info, profile) for profile in profiles),
     )
     return gpu, nvml.nvlinks(index)
+
+
+def _mig_profile(parent: GpuInfo, gi: GiProfileInfo) -> MigProfile:
+    return MigProfile(
+        name=mig_profile_name(
+            gi.slices, gi.slices, gi.enum, gi.memory_mib, parent.memory_total_bytes
+        ),
+        profile_id=gi.id,
+        memory_mib=gi.memory_mib,
+        multiprocessors=gi.multiprocessors,
+        copy_engines=gi.copy_engines,
+        decoders=gi.decoders,
+        encoders=gi.encoders,
+        jpegs=gi.jpegs,
+        ofas=gi.ofas,
+        placements=gi.placements,
+    )
 
 
 def _mig_device(parent: GpuInfo, mig: MigInfo) -> MigDevice:

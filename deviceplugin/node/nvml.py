@@ -55,6 +55,7 @@ _NO_INSTANCE = 0xFFFFFFFF
 
 NumaReader = Callable[[str], "int | None"]
 _T = TypeVar("_T")
+_Info = TypeVar("_Info", bound=ProfileInfo)
 
 
 @record(frozen=True)
@@ -107,6 +108,24 @@ class MigInfo:
     gpu_slices: int
     compute_slices: int
     memory_mib: int
+
+
+@record(frozen=True)
+class GiProfileInfo:
+    """One GPU-instance profile a MIG-capable GPU offers (NVML's profile info) and the
+    placements NVML allows its instances (GetGpuInstancePossiblePlacements)."""
+
+    enum: int  # NVML_GPU_INSTANCE_PROFILE_* (tells +me, +gfx, -me apart)
+    id: int
+    slices: int
+    memory_mib: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpegs: int
+    ofas: int
+    placements: tuple[tuple[int, int], ...]  # (start, size) in memory slices
 
 
 @record(frozen=True)
@@ -291,6 +310,11 @@ class Nvml:
                 raise _error(err, f"GPU {index}: reading its NUMA node") from err
         return sysfs(pci_bus_id)
 
+    def set_compute_mode(self, uuid: str, mode: int) -> None:
+        """Put a GPU (or MIG device) in compute mode `mode` (an nvmlComputeMode_t)."""
+        with self.errors(f"{uuid}: setting its compute mode to {mode}"):
+            self._nvml.nvmlDeviceSetComputeMode(self._nvml.nvmlDeviceGetHandleByUUID(uuid), mode)
+
     def _mig_mode(self, handle: Any, where: str) -> tuple[bool, bool]:
         """(capable, enabled): a GPU or driver without MIG answers NOT_SUPPORTED / no function."""
         try:
@@ -351,6 +375,53 @@ class Nvml:
             compute_slices=compute_slices,
             memory_mib=memory_mib,
         )
+
+    def gpu_instance_profiles(self, gpu_index: int) -> list[GiProfileInfo]:
+        """Every GPU-instance profile the GPU offers with its possible placements, by NVML
+        enum; profiles the GPU lacks, or without a placement, are left out."""
+        nvml, handle = self._nvml, self._handle(gpu_index)
+        found = []
+        with self.errors(f"GPU {gpu_index}: reading its MIG profiles and placements"):
+            for enum in range(_GPU_INSTANCE_PROFILE_COUNT):
+                call = partial(nvml.nvmlDeviceGetGpuInstanceProfileInfo, handle, enum)
+                info = _profile_info(nvml, call)
+                places = () if info is None else self._placements(handle, int(info.id))
+                if info is None or not places:
+                    continue
+                found.append(
+                    GiProfileInfo(
+                        enum=enum,
+                        id=int(info.id),
+                        slices=int(info.sliceCount),
+                        memory_mib=int(info.memorySizeMB),
+                        multiprocessors=int(info.multiprocessorCount),
+                        copy_engines=int(info.copyEngineCount),
+                        decoders=int(info.decoderCount),
+                        encoders=int(info.encoderCount),
+                        jpegs=int(info.jpegCount),
+                        ofas=int(info.ofaCount),
+                        placements=places,
+                    )
+                )
+        return found
+
+    def _placements(self, handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
+        """NVML's placements for a GPU-instance profile id: asked once for the count (a NULL
+        buffer), then for the placements."""
+        import ctypes  # loaded by pynvml already; the simulator takes the same arguments
+
+        nvml = self._nvml
+        count = ctypes.c_uint(0)
+        call = nvml.nvmlDeviceGetGpuInstancePossiblePlacements
+        try:
+            call(handle, profile_id, None, ctypes.byref(count))
+        except nvml.NVMLError as err:
+            if getattr(err, "value", None) in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
+                return ()
+            raise
+        places = (nvml.c_nvmlGpuInstancePlacement_t * count.value)()
+        call(handle, profile_id, places, ctypes.byref(count))
+        return tuple((int(p.start), int(p.size)) for p in places[: count.value])
 
     def nvlinks(self, gpu_index: int) -> list[NvLink]:
         """The GPU's active NVLinks; empty when it has none or NVML cannot tell."""
@@ -542,7 +613,7 @@ def _compute_slices(nvml: NvmlModule, gpu_instance: Any, profile_id: int, uuid: 
     raise NvmlError(f"{uuid}: compute-instance profile id {profile_id} matches no NVML profile")
 
 
-def _profile_info(nvml: NvmlModule, call: partial[ProfileInfo]) -> ProfileInfo | None:
+def _profile_info(nvml: NvmlModule, call: partial[_Info]) -> _Info | None:
     """A profile's info, or None for profiles this GPU does not offer."""
     try:
         return call()

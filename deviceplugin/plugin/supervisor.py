@@ -4,7 +4,10 @@ Desired state = resources.build_plan(inventory, config) with health applied. Eve
 start, config change, SIGHUP, health event, MIG re-cut, kubelet restart — recomputes it and
 goes through one reconcile step: unchanged servers are left alone, changed ones push a new
 list on their live stream, removed ones stop (socket removed), new ones start and register.
-Only a kubelet restart re-registers everything. All state lives on one asyncio loop; worker
+Only a kubelet restart re-registers everything. The MPS control daemons of MPS-shared resources
+(`node.mpsdaemon`) follow the same step, before the servers: started, restarted when their
+limits change, stopped when MPS goes; a daemon that is down makes its resource's devices
+Unhealthy until a periodic check has started it again. All state lives on one asyncio loop; worker
 threads (NVML event wait, file watchers) hand work to it with call_soon_threadsafe.
 
 The config file is untrusted input: it is read, parsed and planned from off the loop, each step
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deviceplugin.kubelet.registrar import Registrar
@@ -30,12 +34,15 @@ from deviceplugin.model.config import Config, ParsedConfig
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_event
+from deviceplugin.model.mps import daemon_specs, with_daemons_down
 from deviceplugin.model.record import record
 from deviceplugin.model.resources import Plan, ResourceSet, apply_health, build_plan
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostdevices import HostDevices
+from deviceplugin.node.mpsdaemon import CONTROL_PROGRAM, MpsControl, MpsDaemons, control_program
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.plugin.cdispec import CdiSpecKeeper
+from deviceplugin.runtime.background import spawn
 from deviceplugin.runtime.engine import STOP_GRACE_SECONDS, NodeEngine
 from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import ServeOptions
@@ -45,6 +52,8 @@ if TYPE_CHECKING:
     from deviceplugin.ops.status import Status
 
 logger = logging.getLogger(__name__)
+
+MPS_CHECK_SECONDS = 5.0  # how often each MPS control daemon is asked whether it still serves
 
 
 @record(frozen=True)
@@ -63,6 +72,7 @@ class Supervisor:
         settings: ServeOptions,
         metrics: Metrics | None = None,
         simulator: Simulator | None = None,
+        mps_check_seconds: float = MPS_CHECK_SECONDS,
     ) -> None:
         self.settings = settings
         self.metrics = metrics or Metrics()
@@ -73,6 +83,9 @@ class Supervisor:
         self._registrar = Registrar(settings.kubelet_dir, self.metrics)
         self._allocator = NodeAllocator(Config())  # configured by every adopted config
         self._cdi = CdiSpecKeeper(settings.cdi_spec_dir, self.engine.proc_root)
+        self._mps = MpsDaemons(self._set_compute_mode)
+        self._mps_check_seconds = mps_check_seconds
+        self._mps_checks: asyncio.Task[None] | None = None
         self._started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -106,15 +119,20 @@ class Supervisor:
         await engine.change(first, None)
         await self._registrar.underway()  # health and the watches start while the kubelet dials
         engine.start_health(self._health_changed)
+        self._mps_checks = spawn(self._check_mps_daemons(), "MPS daemon checks")
         self._started = True
 
     async def stop(self) -> None:
-        """Stop health monitoring and every server (sockets removed), then NVML."""
+        """Stop health monitoring and every server (sockets removed), the MPS control daemons
+        (compute mode DEFAULT again), then NVML."""
+        if self._mps_checks is not None:
+            self._mps_checks.cancel()
 
         async def stop_servers() -> None:
             self._registrar.forget_all()
             await asyncio.gather(*(s.stop(STOP_GRACE_SECONDS) for s in self._servers.values()))
             self._servers.clear()
+            await self._mps.stop_all()
 
         await self.engine.shutdown(stop_servers)
         log_event(logger, "plugin.stopped")
@@ -233,10 +251,38 @@ class Supervisor:
 
     async def _plan(self, inventory: Inventory, config: Config) -> Plan:
         """The resources `config` makes of `inventory`: a config of thousands of rules takes
-        seconds to apply, so it is applied off the loop too."""
-        return await self.engine.config_file.step(
+        seconds to apply, so it is applied off the loop too. MPS-shared resources need the
+        driver root's control program (ConfigError naming the driver root otherwise)."""
+        plan = await self.engine.config_file.step(
             lambda: build_plan(inventory, config), "planning from"
         )
+        if any(resource.mps for resource in plan.resources.values()):
+            control_program(config.flags.nvidia_driver_root)
+        return plan
+
+    async def _set_compute_mode(self, uuid: str, mode: int) -> None:
+        nvml = self.engine.nvml
+        assert nvml is not None  # MPS resources come from an inventory, which needs NVML
+        await asyncio.to_thread(nvml.set_compute_mode, uuid, mode)
+
+    async def _apply_mps(self) -> None:
+        """Start, restart or stop the control daemons the planned resources need."""
+        config, inventory = self.engine.config, self.engine.inventory
+        specs = daemon_specs(self._planned, inventory, config.flags.mps_root) if inventory else {}
+        program = Path(config.flags.nvidia_driver_root) / CONTROL_PROGRAM
+        await self._mps.apply(specs, MpsControl(program) if specs else None)
+
+    async def _check_mps_daemons(self) -> None:
+        """Every few seconds: each control daemon still serving, or Unhealthy and restarted."""
+
+        async def check() -> None:
+            if await self._mps.check():
+                await self._reconcile()
+
+        while True:
+            await asyncio.sleep(self._mps_check_seconds)
+            if self._mps.running:
+                await self.engine.change(check, None)
 
     def _configure(self, parsed: ParsedConfig, options: AllocateOptions) -> None:
         self._allocator.configure(
@@ -259,7 +305,9 @@ class Supervisor:
 
     async def _reconcile(self) -> None:
         """Diff the desired resource sets against the running servers and apply the difference."""
-        desired = apply_health(self._planned, self.engine.unhealthy)
+        await self._apply_mps()
+        healthy = apply_health(self._planned, self.engine.unhealthy)
+        desired = with_daemons_down(healthy, self._mps.down)
         for name in [n for n in self._servers if n not in desired]:
             removed = self._servers.pop(name)
             self._registrar.forget(name)

@@ -182,7 +182,7 @@ class NodeEngine:
     async def discover_first(self) -> Inventory:
         """The node's first inventory, now the engine's."""
         assert self.nvml is not None
-        inventory = await asyncio.to_thread(discover, self.nvml)
+        inventory = await asyncio.to_thread(self._discover, self.nvml)
         self.metrics.set_driver_version(inventory.driver_version)
         self.inventory = inventory
         return inventory
@@ -319,8 +319,12 @@ class NodeEngine:
         was marked unhealthy and no longer answers stays, so it stays listed as unhealthy."""
         if self.nvml is None:
             return None
-        found = await asyncio.to_thread(discover, self.nvml)
+        found = await asyncio.to_thread(self._discover, self.nvml)
         return keep_unhealthy_gpus(self.inventory, found, self.unhealthy)
+
+    def _discover(self, nvml: Nvml) -> Inventory:
+        """Discovery as the daemon needs it: with MIG profiles for dynamic MIG."""
+        return discover(nvml, mig_profiles=self.options.reads_mig_profiles)
 
     def adopt_inventory(self, inventory: Inventory) -> None:
         """`inventory` is the node now; the health monitor watches its devices."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from deviceplugin.model.memoryshares import GpuSharing
+from deviceplugin.model.migpartitions import MigMode
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import DEFAULT_TAINT, TaintEffect
 from deviceplugin.ops.logs import LogFormat
@@ -33,6 +34,11 @@ class EngineOptions:
     health_recovery_after: str = "5m"
     overrides: Mapping[str, str | None] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def reads_mig_profiles(self) -> bool:
+        """Whether discovery reads each MIG-capable GPU's profiles and placements."""
+        return False
 
 
 @record(frozen=True, kw_only=True)
@@ -113,6 +119,11 @@ class DraServeOptions(DaemonOptions):
     kubelet_root: Path = Path(DEFAULT_KUBELET_ROOT)
     unhealthy_taint: TaintEffect | None = DEFAULT_TAINT  # None: off
     gpu_sharing: GpuSharing = "off"  # "memory": whole GPUs published shareable by memory
+    mig_mode: MigMode = "static"  # "dynamic": MIG-capable GPUs published as partitions
+
+    @property
+    def reads_mig_profiles(self) -> bool:
+        return self.mig_mode == "dynamic"
 
 
 @record(frozen=True, kw_only=True)
@@ -175,6 +186,7 @@ class ExplainOptions(CommandOptions):
     driver: str = DEFAULT_DRA_DRIVER
     taint: TaintEffect | None = DEFAULT_TAINT
     gpu_sharing: GpuSharing = "off"
+    mig_mode: MigMode = "static"
     output: str = "table"
     env: Mapping[str, str] = field(default_factory=dict)
 

@@ -53,7 +53,10 @@ SCHEMA_VERSION = "1.34"
 PREFIX = "/apis/resource.k8s.io/v1"
 # The API server's own ResourceSlice limits (k8s.io/api resource/v1 types.go).
 MAX_DEVICES = 128
-MAX_DEVICES_WITH_TAINTS = 64
+MAX_DEVICES_WITH_TAINTS = 64  # ...WithTaintsOrConsumesCounters
+MAX_COUNTER_SETS = 8  # per slice
+MAX_COUNTERS = 32  # per counter set, and per device counter consumption
+MAX_COUNTER_CONSUMPTIONS = 2  # per device
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_ATTRIBUTE_VALUE = 64
 MAX_TAINTS = 4
@@ -584,16 +587,62 @@ def _slice_problem(body: JsonObject) -> str:
     ]
     if len(chosen) != 1:
         return f"spec: exactly one node selection field must be set, got {chosen}"
+    if "sharedCounters" in spec and "devices" in spec:
+        return "spec: Invalid value: only one of `sharedCounters` or `devices` is allowed"
     devices = spec.get("devices") or []
-    tainted = any(device.get("taints") for device in devices)
-    limit = MAX_DEVICES_WITH_TAINTS if tainted else MAX_DEVICES
+    limited = any(device.get("taints") or device.get("consumesCounters") for device in devices)
+    limit = MAX_DEVICES_WITH_TAINTS if limited else MAX_DEVICES
     if len(devices) > limit:
         return f"spec.devices: Too many: {len(devices)}: must have at most {limit} items"
     names: set[str] = set()
     for n, device in enumerate(devices):
-        problem = _device_problem(device, names)
+        problem = _device_problem(device, names) or _consumption_problem(device)
         if problem:
             return f"spec.devices[{n}]{problem}"
+    return _counter_sets_problem(spec.get("sharedCounters") or [])
+
+
+def _counter_sets_problem(sets: list[JsonObject]) -> str:
+    """The 1.37 rules for `spec.sharedCounters` (validateResourceSliceSpec), or ""."""
+    if len(sets) > MAX_COUNTER_SETS:
+        return f"spec.sharedCounters: Too many: {len(sets)}: must have at most {MAX_COUNTER_SETS}"
+    names: set[str] = set()
+    for n, counter_set in enumerate(sets):
+        name = counter_set.get("name", "")
+        if not _DNS_LABEL.fullmatch(name) or name in names:
+            return f"spec.sharedCounters[{n}].name: Invalid value: {name!r}"
+        names.add(name)
+        problem = _counters_problem(counter_set.get("counters") or {})
+        if problem:
+            return f"spec.sharedCounters[{n}].counters{problem}"
+    return ""
+
+
+def _consumption_problem(device: JsonObject) -> str:
+    """The rules for a device's `consumesCounters` (validateDeviceCounterConsumption), or ""."""
+    consumed = device.get("consumesCounters") or []
+    if len(consumed) > MAX_COUNTER_CONSUMPTIONS:
+        return f".consumesCounters: Too many: must have at most {MAX_COUNTER_CONSUMPTIONS} items"
+    seen: set[str] = set()
+    for n, consumption in enumerate(consumed):
+        name = consumption.get("counterSet", "")
+        if not _DNS_LABEL.fullmatch(name) or name in seen:
+            return f".consumesCounters[{n}].counterSet: Invalid value: {name!r}"
+        seen.add(name)
+        problem = _counters_problem(consumption.get("counters") or {})
+        if problem:
+            return f".consumesCounters[{n}].counters{problem}"
+    return ""
+
+
+def _counters_problem(counters: JsonObject) -> str:
+    if not counters:
+        return ": Required value"
+    if len(counters) > MAX_COUNTERS:
+        return f": Too many: {len(counters)}: must have at most {MAX_COUNTERS}"
+    for key in counters:
+        if not _DNS_LABEL.fullmatch(key):
+            return f"[{key}]: Invalid value: not a DNS label"
     return ""
 
 

@@ -28,6 +28,7 @@ from deviceplugin.sim.profiles import (
     instance_count,
     model_profiles,
 )
+from deviceplugin.sim.profiles import placements as placements_of
 from deviceplugin.sim.world import SimEventSet, World
 
 _MIB = 1 << 20
@@ -40,6 +41,7 @@ class FakeNvml:
     NVMLError = s.NVMLError
     c_nvmlSetMemoryLimits_v1_t = s.MemoryLimits
     c_nvmlGetMemoryLimits_v1_t = s.MemoryLimits
+    c_nvmlGpuInstancePlacement_t = s.c_nvmlGpuInstancePlacement_t
 
     def __init__(self, node: str, events_path: str | None = None) -> None:
         calls = [name for name in dir(type(self)) if name.startswith("nvml")]
@@ -47,6 +49,7 @@ class FakeNvml:
         self._lock = self._world.lock
         self._init_count = 0
         self._limits: dict[tuple[str, bytes], tuple[int, int]] = {}
+        self._compute_modes: dict[str, int] = {}  # device UUID -> mode; absent: DEFAULT
 
     def reload(self) -> None:
         """Re-read the node file now; raises ConfigError when it is invalid."""
@@ -237,6 +240,31 @@ class FakeNvml:
             raise s.NVMLError_InvalidArgument()
         return gpu
 
+    def nvmlDeviceSetComputeMode(self, handle: Any, mode: int) -> None:
+        """This process's own modes (the C library shares them across processes)."""
+        with self._lock:
+            uuid = self._compute_mode_device(handle, "nvmlDeviceSetComputeMode")
+            valid = (
+                s.NVML_COMPUTEMODE_DEFAULT,
+                s.NVML_COMPUTEMODE_PROHIBITED,
+                s.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+            )
+            if mode not in valid:
+                raise s.NVMLError_InvalidArgument()
+            self._compute_modes[uuid] = mode
+
+    def nvmlDeviceGetComputeMode(self, handle: Any) -> int:
+        with self._lock:
+            uuid = self._compute_mode_device(handle, "nvmlDeviceGetComputeMode")
+            return self._compute_modes.get(uuid, s.NVML_COMPUTEMODE_DEFAULT)
+
+    def _compute_mode_device(self, handle: Any, call: str) -> str:
+        """A MIG-enabled GPU's mode is its MIG devices' (NVML's rule)."""
+        gpu, mig = self._device(handle, call)
+        if mig is None and gpu.mig_enabled:
+            raise s.NVMLError_InvalidArgument()
+        return mig.uuid if mig else gpu.uuid
+
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         with self._lock:
             gpu = self._mig_gpu(handle, "nvmlDeviceGetMigMode", enabled=False)
@@ -313,7 +341,29 @@ class FakeNvml:
                 jpegCount=gi.jpegs,
                 ofaCount=gi.ofas,
                 memorySizeMB=gi.memory_mib,
+                copyEngineCount=gi.slices,  # as the simulated C library reports them
             )
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: Any, profile_id: int, placements: Any, count: Any
+    ) -> int:
+        """pynvml's low-level form: `count` a ctypes.byref(c_uint); `placements` None (the
+        count alone) or an array of c_nvmlGpuInstancePlacement_t filled up to `count`."""
+        with self._lock:
+            gpu = self._mig_gpu(handle, "nvmlDeviceGetGpuInstancePossiblePlacements", enabled=False)
+            profiles = gpu_instance_profiles(gpu)
+            gi = next((p for p in profiles.values() if p.id == profile_id), None)
+            if gi is None:
+                raise s.NVMLError_NotFound()
+            places = placements_of(gi, gpu_slices(profiles))
+            counter = count._obj
+            if placements is not None:
+                if counter.value < len(places):
+                    raise s.NVMLError_InsufficientSize()
+                for slot, (start, size) in zip(placements, places, strict=False):
+                    slot.start, slot.size = start, size
+            counter.value = len(places)
+            return s.NVML_SUCCESS
 
     def _instance(self, gpu: SimGpu, gpu_instance_id: int) -> SimMig:
         for mig in gpu.mig_devices:

@@ -14,8 +14,9 @@ for a simulated host by that mark only, never by the files it holds.
 `deviceplugin sim-root NODE DIR` writes such a tree, and with `install_library` the simulated
 `libnvidia-ml.so.<ver>` (`sim/native/`) in place of the placeholder, the node rendered for it
 beside it and an empty events file, so any NVML consumer given DIR as its driver root runs on
-the node; `serve --simulate` lays out a tree (without the library) in a scratch dir, in
-/dev/shm where there is one, unless `--nvidia-driver-root` names one.
+the node, and with `install_mps_control` the simulated MPS control program in `usr/bin/`;
+`serve --simulate` lays out a tree (without the library) in a scratch dir, in /dev/shm where
+there is one, unless `--nvidia-driver-root` names one.
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ LIBRARY_NODE_FILE = f"{LIBRARY_DIR}/{SIM_NODE_FILE}"
 EVENTS_FILE = "etc/deviceplugin-sim/events.jsonl"
 # The MIG layout the library's processes share once one of them changes it (native/state.c).
 MIG_STATE_FILE = "etc/deviceplugin-sim/mig-state.json"
+# Each device's compute mode, shared the same way (native/compute.c); absent: all DEFAULT.
+COMPUTE_MODE_FILE = "etc/deviceplugin-sim/compute-mode.json"
+# The simulated MPS control program (native/mpscontrol.c), where the driver installs NVIDIA's.
+MPS_CONTROL = "usr/bin/nvidia-cuda-mps-control"
 CAPABILITIES_DIR = "proc/driver/nvidia/capabilities"
 # Each GPU's PCI function as the kernel shows it; NUMA affinity is read from here.
 SYSFS_PCI_DEVICES = "sys/bus/pci/devices"
@@ -206,9 +211,10 @@ def install_library(node: Node, root: Path, library: Path) -> None:
     _link(target.parent / "libnvidia-ml.so.1", target.name)
     _link(target.parent / "libnvidia-ml.so", "libnvidia-ml.so.1")
     _write(root / LIBRARY_NODE_FILE, render(node).encode())
-    # The node's own MIG layout again: instances created or destroyed since are forgotten.
-    with contextlib.suppress(FileNotFoundError):
-        (root / MIG_STATE_FILE).unlink()
+    # The node's own MIG layout and compute modes again: changes made since are forgotten.
+    for state in (MIG_STATE_FILE, COMPUTE_MODE_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (root / state).unlink()
     shutil.rmtree(root / CAPABILITIES_DIR, ignore_errors=True)
     # What NVIDIA's consumers read beside NVML (ours too, from a driver root): only a root laid
     # out for them needs it, not the temporary tree `serve --simulate` starts with.
@@ -223,6 +229,20 @@ def install_library(node: Node, root: Path, library: Path) -> None:
     if not events.exists():
         _write(events, b"")
         events.chmod(0o666)
+
+
+def install_mps_control(root: Path, program: Path) -> None:
+    """Put the simulated `nvidia-cuda-mps-control` (`program`, a build of
+    `sim/native/mpscontrol.c`) where the driver puts NVIDIA's: consumers run it from the driver
+    root as they would the real one. A copy renamed into place, as the library is."""
+    import shutil
+
+    target = root / MPS_CONTROL
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = target.with_name(f".{target.name}.new")
+    shutil.copyfile(program, scratch)
+    scratch.chmod(0o755)
+    os.replace(scratch, target)
 
 
 def _write(path: Path, content: bytes) -> None:

@@ -9,11 +9,14 @@ An installed package that carries a prebuilt library (the container image) uses 
 
 The DRA driver's memory-limit hook (`node/native/memory_limit_hook.c`, a createContainer hook
 that calls NVML, so it is C compiled against the same header) is built the same way, cached
-beside the library, and packaged the same way (`hook_program()`).
+beside the library, and packaged the same way (`hook_program()`). So is the simulated MPS
+control program (`native/mpscontrol.c`, installed by `sim-root` as the driver root's
+`usr/bin/nvidia-cuda-mps-control`), linked statically so that it runs in any container or mount
+namespace that NVIDIA's own binaries run it from.
 
-`python -m deviceplugin.sim.libbuild [--into DIR] [--hook-into DIR]` builds and prints the
-library's path (with `--into`, copies it there first: `image/build.sh` ships it inside the
-wheel; `--hook-into` does the same for the hook).
+`python -m deviceplugin.sim.libbuild [--into DIR] [--hook-into DIR]` builds the library and the
+MPS control program and prints their paths (with `--into`, copies them there first:
+`image/build.sh` ships them inside the wheel; `--hook-into` does the same for the hook).
 """
 
 from __future__ import annotations
@@ -27,12 +30,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 NATIVE_DIR = Path(__file__).parent / "native"
 LIBRARY_NAME = "libnvidia-ml.so.1"
 PACKAGED = NATIVE_DIR / LIBRARY_NAME
 HEADER_IN_WHEEL = Path("nvidia/cu13/include/nvml.h")
+MPS_CONTROL_NAME = "nvidia-cuda-mps-control"
+PACKAGED_MPS_CONTROL = NATIVE_DIR / MPS_CONTROL_NAME
+MPS_CONTROL_SOURCE = "mpscontrol.c"
 SOURCES = (
     "json.c",
     "node.c",
@@ -44,6 +51,7 @@ SOURCES = (
     "mig.c",
     "state.c",
     "limits.c",
+    "compute.c",
 )
 # The cgroup rule the simulation shares with the memory-limit hook (deviceplugin/node/native/).
 SHARED_DIR = NATIVE_DIR.parent.parent / "node" / "native"
@@ -116,16 +124,11 @@ def _machine_name(machine: int | None) -> str:
 def build() -> Path:
     """The cached library for the current sources, built first if missing."""
     header = nvml_header()
-    target = _cache_dir() / _key(header, CFLAGS) / LIBRARY_NAME
-    if target.is_file():
-        return target
-    target.parent.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent.parent) as scratch:
-        work = Path(scratch)
-        output = work / LIBRARY_NAME
+
+    def compile_into(output: Path) -> None:
         _compile(
             header,
-            work,
+            output.parent,
             CFLAGS,
             "-shared",
             f"-Wl,--version-script={NATIVE_DIR / 'exports.map'}",
@@ -134,9 +137,47 @@ def build() -> Path:
             "-o",
             str(output),
         )
+
+    return _cached(_key(header, CFLAGS), LIBRARY_NAME, compile_into)
+
+
+def mps_control_path() -> Path:
+    """The simulated `nvidia-cuda-mps-control`: the one packaged with this install when it is
+    built for this machine, else a cached build."""
+    if PACKAGED_MPS_CONTROL.is_file() and elf_machine(PACKAGED_MPS_CONTROL) == _MACHINES.get(
+        platform.machine()
+    ):
+        return PACKAGED_MPS_CONTROL
+    return build_mps_control()
+
+
+def build_mps_control() -> Path:
+    """The cached control program for the current source, built first if missing."""
+    source = NATIVE_DIR / MPS_CONTROL_SOURCE
+    flags = (*CFLAGS, "-static")
+    digest = hashlib.sha256(source.read_bytes() + Path(__file__).read_bytes())
+    digest.update(" ".join(flags).encode())
+
+    def compile_into(output: Path) -> None:
+        _gcc(*flags, str(source), "-o", str(output))
+
+    return _cached(digest.hexdigest()[:20], MPS_CONTROL_NAME, compile_into)
+
+
+def _cached(key: str, name: str, compile_into: Callable[[Path], None]) -> Path:
+    """`<cache>/<key>/<name>`, compiled first by `compile_into(output)` in a scratch folder
+    renamed into place, so a reader never sees half a build and two builders race harmlessly."""
+    target = _cache_dir() / key / name
+    if target.is_file():
+        return target
+    target.parent.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent.parent) as scratch:
+        work = Path(scratch)
+        output = work / name
+        compile_into(output)
         built = work / "done"
         built.mkdir()
-        output.rename(built / LIBRARY_NAME)
+        output.rename(built / name)
         try:
             built.rename(target.parent)
         except OSError:
@@ -154,18 +195,14 @@ def hook_program() -> Path:
     digest = hashlib.sha256()
     for path in (header, Path(__file__), *sources, *sorted(SHARED_DIR.glob("*.h"))):
         digest.update(path.read_bytes())
-    target = _cache_dir() / f"hook-{digest.hexdigest()[:20]}" / HOOK_NAME
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        output = Path(scratch) / HOOK_NAME
+
+    def compile_into(output: Path) -> None:
         _gcc(
             *CFLAGS, f"-I{header.parent}", f"-I{SHARED_DIR}", *map(str, sources), "-ldl",
             "-o", str(output),
         )  # fmt: skip
-        output.rename(target)  # atomic: a racing build writes the same bytes
-    return target
+
+    return _cached(f"hook-{digest.hexdigest()[:20]}", HOOK_NAME, compile_into)
 
 
 def sanitized_program(main_source: Path, output: Path, sanitizer: str = "address") -> Path:
@@ -277,20 +314,21 @@ def _gcc(*arguments: str, compiler: str | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deviceplugin.sim.libbuild")
-    parser.add_argument("--into", help="copy the built library into this folder")
+    parser.add_argument("--into", help="copy the built library and program into this folder")
     parser.add_argument("--hook-into", help="copy the built memory-limit hook into this folder")
     options = parser.parse_args(argv)
     try:
-        path = build()
+        paths = [build(), build_mps_control()]
         hook = hook_program() if options.hook_into else None
     except BuildError as err:
         print(f"libbuild: {err}", file=sys.stderr)
         return 1
-    if options.into:
-        path = Path(shutil.copy2(path, Path(options.into) / LIBRARY_NAME))
+    for path in paths:
+        if options.into:
+            path = Path(shutil.copy2(path, Path(options.into) / path.name))
+        print(path)
     if hook is not None and hook != Path(options.hook_into) / HOOK_NAME:
         shutil.copy2(hook, Path(options.hook_into) / HOOK_NAME)
-    print(path)
     return 0
 
 

@@ -9,6 +9,7 @@ ctypes char array is). Handles are small immutable values, equal when they name 
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import field
 from typing import Any, ClassVar
 
@@ -51,6 +52,10 @@ NVML_FEATURE_DISABLED = 0
 NVML_FEATURE_ENABLED = 1
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
+# nvmlComputeMode_t (EXCLUSIVE_THREAD, 1, is gone)
+NVML_COMPUTEMODE_DEFAULT = 0
+NVML_COMPUTEMODE_PROHIBITED = 2
+NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
 NVML_NVLINK_MAX_LINKS = 36
 NVML_NVLINK_DEVICE_TYPE_GPU = 0x00
 NVML_NVLINK_DEVICE_TYPE_SWITCH = 0x02
@@ -303,6 +308,14 @@ class GpuInstanceProfileInfo:
     jpegCount: int
     ofaCount: int
     memorySizeMB: int
+    copyEngineCount: int = 0
+    encoderCount: int = 0
+
+
+class c_nvmlGpuInstancePlacement_t(ctypes.Structure):
+    """nvmlGpuInstancePlacement_t, a ctypes struct as in pynvml: NVML fills a buffer of them."""
+
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
 
 
 @record(frozen=True)

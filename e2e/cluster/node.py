@@ -62,6 +62,8 @@ from e2e.cluster.shell import ClusterError, log, run, wait_for
 
 SIMULATED_NODE = Path("/var/lib/deviceplugin-sim")
 SIMULATED_PRESET = "a100-80gb-x8-mixed"
+# The dynamic-MIG node of manifests/overlays/simulated-node-dra-dynamic-mig: a root of its own.
+DYNAMIC_PRESET = "a100-80gb-x8-dynamic"
 # The host commands `cluster` runs (here and in the modules beside this one), by the Debian
 # package that has them: the `node` group of e2e/host-packages.txt (tests/test_host_packages.py
 # keeps the two in step).
@@ -117,15 +119,17 @@ def prepare_simulated_node() -> None:
     devices with the simulated libnvidia-ml.so.1 (`deviceplugin sim-root`, again for a root made
     before it carried the library or the marker that makes the daemons read its `proc/`), and
     `events.jsonl`, where tests append Xids: a relative link to the events file that library
-    reads, so host and containers name the same file."""
-    root = SIMULATED_NODE / "root"
+    reads, so host and containers name the same file. The dynamic-MIG node gets a root of its
+    own beside it (`dynamic-root`), so its MIG layout never touches the static scenarios'."""
     made = (
         "usr/lib/x86_64-linux-gnu/deviceplugin-sim-node.json",
         "etc/deviceplugin-sim/sim-root.json",
     )
-    if not all((root / path).is_file() for path in made):
-        deviceplugin = REPO / ".venv" / "bin" / "deviceplugin"
-        run([deviceplugin, "sim-root", SIMULATED_PRESET, root])
+    for name, preset in (("root", SIMULATED_PRESET), ("dynamic-root", DYNAMIC_PRESET)):
+        root = SIMULATED_NODE / name
+        if not all((root / path).is_file() for path in made):
+            deviceplugin = REPO / ".venv" / "bin" / "deviceplugin"
+            run([deviceplugin, "sim-root", preset, root])
     events = SIMULATED_NODE / "events.jsonl"
     target = Path("root/etc/deviceplugin-sim/events.jsonl")
     if not events.is_symlink() or events.readlink() != target:

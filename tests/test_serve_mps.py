@@ -1,0 +1,174 @@
+"""`serve` acting on `sharing.mps` on a sim-root, as NVIDIA's plugin v0.19.0 does: replica IDs,
+one control daemon per resource (the simulated `nvidia-cuda-mps-control` of the driver root)
+with the reference's limits and GPUs in EXCLUSIVE_PROCESS, Allocate pointing containers at it,
+a dead daemon's devices Unhealthy until it is back, and reloads applied in process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from harness import GPU, run, running_plugin
+from test_sim_library import sim_root
+from test_sim_library_dynamic_mig import in_another_process
+
+from deviceplugin.sim.hostroot import MPS_CONTROL
+
+H100_MIB = 81559  # the h100-x8 preset's GPUs
+LIMITS = "deviceplugin-sim-mps.json"
+
+
+def mps_config(mps_root: Path, replicas: int, extra: str = "") -> str:
+    return (
+        "version: v1\n"
+        f"flags: {{migStrategy: none, mpsRoot: {mps_root}{extra}}}\n"
+        f"sharing: {{mps: {{resources: [{{name: nvidia.com/gpu, replicas: {replicas}}}]}}}}\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def h100_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return sim_root("h100-x8", tmp_path_factory.mktemp("h100"))
+
+
+@pytest.fixture
+def mps_root() -> Iterator[Path]:
+    """Short: the daemon's socket path must fit AF_UNIX."""
+    with tempfile.TemporaryDirectory(prefix="mps") as base:
+        yield Path(base)
+        for limits in Path(base).glob(f"*/*/pipe/{LIMITS}"):  # a daemon a failed test left
+            os.kill(json.loads(limits.read_text())["pid"], signal.SIGKILL)
+
+
+def limits(mps_root: Path) -> dict[str, Any] | None:
+    path = mps_root / GPU / "pipe" / LIMITS
+    return json.loads(path.read_text()) if path.exists() else None  # type: ignore[no-any-return]
+
+
+def compute_mode(root: Path, index: int) -> int:
+    return int(
+        in_another_process(
+            root,
+            f"print(n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByIndex({index})))",
+        )
+    )
+
+
+def test_mps_shares_every_gpu_through_one_daemon_with_the_references_limits(
+    h100_root: Path, mps_root: Path
+) -> None:
+    async def body() -> None:
+        config = mps_config(mps_root, 4)
+        async with running_plugin(config_text=config, driver_root=h100_root) as plugin:
+            kubelet = plugin.kubelet
+            assert kubelet.resources() == [GPU]
+            assert kubelet.allocatable(GPU) == 32
+            first = sorted(kubelet.devices(GPU))[0]
+            assert first.endswith("::0")
+            daemon = limits(mps_root)
+            assert daemon is not None
+            assert daemon["activeThreadPercentage"] == 25.0
+            expected = {str(index): H100_MIB // 4 for index in range(8)}
+            assert daemon["pinnedDeviceMemoryLimitMiB"] == expected
+            assert compute_mode(h100_root, 0) == 3  # EXCLUSIVE_PROCESS
+            log = (mps_root / GPU / "log" / "control.log").read_text()
+            assert f"Cmd:set_default_device_pinned_mem_limit 0 {H100_MIB // 4}M" in log
+            assert (mps_root / "shm").is_dir()
+
+            response = (await kubelet.allocate(GPU, [[first]])).container_responses[0]
+            assert response.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/mps/nvidia.com/gpu/pipe"
+            assert response.envs["NVIDIA_VISIBLE_DEVICES"] == first.split("::")[0]
+            mounts = [(m.container_path, m.host_path) for m in response.mounts]
+            assert mounts == [
+                ("/mps/nvidia.com/gpu/pipe", f"{mps_root}/nvidia.com/gpu/pipe"),
+                ("/dev/shm", f"{mps_root}/shm"),
+            ]
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await kubelet.allocate(GPU, [sorted(kubelet.devices(GPU))[:2]])
+            assert "maximum request size for shared resources is 1" in caught.value.details()
+        assert limits(mps_root) is None, "the daemon quits with the plugin"
+        assert compute_mode(h100_root, 0) == 0
+
+    run(body())
+
+
+def test_reloads_restart_the_daemon_only_when_its_limits_change(
+    h100_root: Path, mps_root: Path
+) -> None:
+    async def body() -> None:
+        config = mps_config(mps_root, 4)
+        async with running_plugin(config_text=config, driver_root=h100_root) as plugin:
+            kubelet = plugin.kubelet
+            first = limits(mps_root)
+            assert first is not None
+            plugin.swap_config(mps_config(mps_root, 4, ", plugin: {deviceIDStrategy: index}"))
+            flags = lambda: plugin.supervisor.config.flags  # noqa: E731
+            await plugin.until(lambda: flags().plugin.device_id_strategy == "index")
+            assert limits(mps_root) == first, "same limits: the same daemon"
+
+            plugin.swap_config(mps_config(mps_root, 2))
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 16)
+            second = limits(mps_root)
+            assert second is not None and second["pid"] != first["pid"]
+            assert second["activeThreadPercentage"] == 50.0
+            assert second["pinnedDeviceMemoryLimitMiB"]["7"] == H100_MIB // 2
+
+            plugin.swap_config("version: v1\n")
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 8)
+            assert limits(mps_root) is None
+            assert compute_mode(h100_root, 0) == 0, "compute mode restored with MPS gone"
+
+    run(body())
+
+
+def test_a_dead_daemon_makes_its_devices_unhealthy_until_it_is_back(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    root = sim_root("h100-x8", tmp_path / "root")
+    program, aside = root / MPS_CONTROL, tmp_path / "aside"
+
+    async def body() -> None:
+        config = mps_config(mps_root, 2)
+        async with running_plugin(
+            config_text=config, driver_root=root, mps_check_seconds=0.05
+        ) as plugin:
+            kubelet = plugin.kubelet
+            daemon = limits(mps_root)
+            assert daemon is not None
+            program.rename(aside)  # no restart until it is back
+            os.kill(daemon["pid"], signal.SIGKILL)
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 0, 30)
+            reasons = {d.health for d in kubelet.devices(GPU).values()}
+            assert reasons == {"Unhealthy"} and len(kubelet.devices(GPU)) == 16
+            aside.rename(program)
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 16, 30)
+            back = limits(mps_root)
+            assert back is not None and back["pid"] != daemon["pid"]
+            assert back["activeThreadPercentage"] == 50.0
+
+    run(body())
+
+
+def test_a_driver_root_without_the_control_program_refuses_mps_and_keeps_serving(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    root = sim_root("h100-x8", tmp_path / "root")
+    (root / MPS_CONTROL).unlink()
+
+    async def body() -> None:
+        async with running_plugin(config_text="version: v1\n", driver_root=root) as plugin:
+            plugin.swap_config(mps_config(mps_root, 4))
+            await plugin.until(lambda: plugin.supervisor.status().core.last_config_error_field)
+            core = plugin.supervisor.status().core
+            assert core.last_config_error_field == "flags.nvidiaDriverRoot"
+            assert "nvidia-cuda-mps-control" in (core.last_config_error or "")
+            assert plugin.kubelet.allocatable(GPU) == 8
+
+    run(body())
