@@ -31,6 +31,7 @@ from pathlib import Path
 
 from deviceplugin.model.hostpaths import (
     MIG_MINORS,
+    SIM_NODE_FILE,
     SIM_ROOT,
     SIM_ROOT_MARKER,
     capability_node,
@@ -54,7 +55,7 @@ LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "li
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 # Where the simulated library looks, relative to DIR (native/node.c says the same).
-LIBRARY_NODE_FILE = f"{LIBRARY_DIR}/deviceplugin-sim-node.json"
+LIBRARY_NODE_FILE = f"{LIBRARY_DIR}/{SIM_NODE_FILE}"
 EVENTS_FILE = "etc/deviceplugin-sim/events.jsonl"
 # The MIG layout the library's processes share once one of them changes it (native/state.c).
 MIG_STATE_FILE = "etc/deviceplugin-sim/mig-state.json"
