@@ -209,7 +209,7 @@ class Node:
         assert self.driver.publisher is not None
         await asyncio.wait_for(self.driver.publisher.wait_published(), 10)
 
-    async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> float:
+    async def until(self, predicate: Callable[[], bool], timeout: float = 20.0) -> float:
         """Poll every 10 ms; the seconds it took. AssertionError when it does not happen."""
         loop = asyncio.get_running_loop()
         began = loop.time()
