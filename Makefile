@@ -101,7 +101,7 @@ e2e: $(STAMP)
 
 # NVIDIA's reference device plugin v0.19.0 as the oracle (docs/compatibility.md): both plugins on
 # the same simulated node with the same config, compared field by field over the whole matrix
-# (about 2 min; `make e2e` runs a subset). Root: the reference runs in a mount namespace. Needs
+# (about 3 min; `make e2e` runs a subset). Root: the reference runs in a mount namespace. Needs
 # Go and gcc to build NVIDIA's binaries once (e2e/reference/build.sh; cached outside the clone).
 compat: $(STAMP)
 	@if [ "$$(id -u)" -ne 0 ]; then echo "make compat needs root (mount namespaces): sudo make compat" >&2; exit 2; fi

@@ -80,11 +80,21 @@ class _PlainDumper(yaml.SafeDumper):
 
 
 def sim_root(settings: SimRootOptions) -> int:
-    """Write the host tree of a simulated node under DIR, with the simulated NVML library and MPS
-    control program, for `--nvidia-driver-root DIR` (and any other NVML consumer given DIR as its
-    driver root)."""
-    from deviceplugin.sim.hostroot import install_library, install_mps_control, lay_out
-    from deviceplugin.sim.libbuild import BuildError, library_path, mps_control_path
+    """Write the host tree of a simulated node under DIR, with the simulated NVML library, MPS
+    control program and nvidia-smi, for `--nvidia-driver-root DIR` (and any other NVML consumer
+    given DIR as its driver root)."""
+    from deviceplugin.sim.hostroot import (
+        install_library,
+        install_mps_control,
+        install_nvidia_smi,
+        lay_out,
+    )
+    from deviceplugin.sim.libbuild import (
+        BuildError,
+        library_path,
+        mps_control_path,
+        nvidia_smi_path,
+    )
     from deviceplugin.sim.node import read_node, resolve_node_path
 
     directory = Path(settings.directory)
@@ -92,6 +102,7 @@ def sim_root(settings: SimRootOptions) -> int:
     try:
         library = library_path()
         mps_control = mps_control_path()
+        nvidia_smi = nvidia_smi_path()
     except BuildError as exc:
         print(f"sim-root: no simulated libnvidia-ml.so.1 or MPS control: {exc}", file=sys.stderr)
         return 1
@@ -99,6 +110,7 @@ def sim_root(settings: SimRootOptions) -> int:
         real = lay_out(node, directory)
         install_library(node, directory, library)
         install_mps_control(directory, mps_control)
+        install_nvidia_smi(directory, nvidia_smi)
     except OSError as exc:
         print(f"sim-root: cannot write {directory}: {exc.strerror}", file=sys.stderr)
         return 1

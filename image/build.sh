@@ -27,19 +27,19 @@ read -r pyver machine < <("$tool" run --rm --network none --entrypoint python3 "
 echo "image: base $base has Python $pyver on $machine"
 
 rm -rf "$wheels" && mkdir -p "$wheels"
-# The simulated libnvidia-ml.so.1 (gcc, the pinned nvml.h) and nvidia-cuda-mps-control go into
-# the wheel, so `sim-root`
-# works in the image, which has no compiler; out of the tree again after, so tests here keep
-# building it from the current sources.
-# So does the DRA driver's memory-limit hook (C: a createContainer hook runs on the host's
-# loader, where only the image has Python), which the driver copies onto the node at start.
+# The simulated libnvidia-ml.so.1 (gcc, the pinned nvml.h), nvidia-cuda-mps-control and
+# nvidia-smi go into the wheel, so `sim-root` works in the image, which has no compiler; out of
+# the tree again after, so tests here keep building them from the current sources. So does the
+# DRA driver's memory-limit hook (C: a createContainer hook runs on the host's loader, where only
+# the image has Python), which the driver copies onto the node at start.
 packaged="$here/deviceplugin/sim/native/libnvidia-ml.so.1"
 hook="$here/deviceplugin/node/native/memory-limit-hook"
 packaged_mps="$here/deviceplugin/sim/native/nvidia-cuda-mps-control"
-trap 'rm -f "$packaged" "$hook" "$packaged_mps"' EXIT
+packaged_smi="$here/deviceplugin/sim/native/nvidia-smi"
+trap 'rm -f "$packaged" "$hook" "$packaged_mps" "$packaged_smi"' EXIT
 "$python" -m deviceplugin.sim.libbuild --into "$(dirname "$packaged")" --hook-into "$(dirname "$hook")" >/dev/null
 "$python" -m pip wheel -q --no-deps --wheel-dir "$wheels" "$here"
-rm -f "$packaged" "$hook" "$packaged_mps"
+rm -f "$packaged" "$hook" "$packaged_mps" "$packaged_smi"
 # Binary wheels only, for the base's Python and any manylinux glibc up to Debian bookworm's.
 platforms=()
 for glibc in 2_17 2_28 2_31 2_34 2_36; do

@@ -7,7 +7,9 @@ looks for the control device nodes in /dev, and with a CDI strategy writes its s
 /var/run/cdi. So it runs in a mount namespace of its own (root), where a bind mount puts the
 emulator's directory at that path and tmpfs and bind mounts give it the driver root's
 /proc/driver, /dev nodes and sysfs, and an empty /var/run/cdi: the host sees none of it. Ours
-takes the driver root, the kubelet directory and the CDI directory as flags.
+takes the driver root, the kubelet directory and the CDI directory as flags. With MPS, NVIDIA's
+`mps-control-daemon` runs the same way beside it (`reference_mps_daemon`), both seeing the
+config's mpsRoot at their fixed /mps.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ PLUGIN_ENV_NAMES = (
     "CDI_ANNOTATION_PREFIX",
     "DEVICE_DISCOVERY_STRATEGY",
     "KUBELET_SOCKET",
+    "MPS_ROOT",
 )
 
 
@@ -119,12 +122,21 @@ def reference_pid(plugin: Child) -> int:
     return running(plugin.pid, REFERENCE_EXECUTABLE)
 
 
-def reference(binaries: Path, root: Path, kubelet_dir: Path, config: Path, log: Path) -> Child:
-    """NVIDIA's plugin on driver root `root`, registering with `kubelet_dir/kubelet.sock`."""
+def reference(
+    binaries: Path,
+    root: Path,
+    kubelet_dir: Path,
+    config: Path,
+    log: Path,
+    mps_root: Path | None = None,
+) -> Child:
+    """NVIDIA's plugin on driver root `root`, registering with `kubelet_dir/kubelet.sock`; with
+    `mps_root`, as it runs beside its MPS control daemon (`reference_mps_daemon`)."""
     script = "\n".join(
         [
             "set -e",
             "mount --make-rprivate /",
+            *_mps_mounts(mps_root),
             f"mkdir -p {KUBELET_PLUGIN_DIR} /var/run/cdi",
             f'mount --bind "$KUBELET_DIR" {KUBELET_PLUGIN_DIR}',
             "mount -t tmpfs -o mode=0755 compat-driver /proc/driver",
@@ -151,6 +163,61 @@ def reference(binaries: Path, root: Path, kubelet_dir: Path, config: Path, log: 
         "NVIDIA_DRIVER_ROOT": str(root),
         "CONTAINER_DRIVER_ROOT": str(root),
     }
+    if mps_root is not None:
+        env |= _mps_env(root, mps_root)
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
+    return Child(argv, log, env)
+
+
+# NVIDIA's MPS daemon keeps its files under this fixed path (cmd/mps-control-daemon/mps/root.go);
+# its chart mounts `mps.root` there, in the daemon's container and the plugin's.
+REFERENCE_MPS_ROOT = "/mps"
+MPS_DAEMON_EXECUTABLE = "mps-control-daemon"
+MPS_READY = ".ready"  # written by NVIDIA's daemon once every control daemon has its limits
+
+
+def _mps_mounts(mps_root: Path | None) -> list[str]:
+    if mps_root is None:
+        return []
+    return [f"mkdir -p {REFERENCE_MPS_ROOT}", f'mount --bind "$MPS_HOST_DIR" {REFERENCE_MPS_ROOT}']
+
+
+def _mps_env(root: Path, mps_root: Path) -> dict[str, str]:
+    """What NVIDIA's container runtime gives its MPS containers: the driver's programs on PATH
+    (`nvidia-cuda-mps-control`, `nvidia-smi`) and its libraries where the loader finds them
+    (its daemon loads `libnvidia-ml.so.1` by soname)."""
+    return {
+        "MPS_HOST_DIR": str(mps_root),  # not MPS_ROOT: the plugin reads that as --mps-root
+        "PATH": f"{root / 'usr/bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "LD_LIBRARY_PATH": str(root / "usr/lib/x86_64-linux-gnu"),
+    }
+
+
+def reference_mps_daemon(
+    binaries: Path, root: Path, config: Path, mps_root: Path, log: Path
+) -> Child:
+    """NVIDIA's `mps-control-daemon` on driver root `root` with `config`, its `/mps` the host's
+    `mps_root` (a private mount namespace: it writes there whatever its flags say). It starts
+    one control daemon per MPS-shared resource through the driver root's
+    `nvidia-cuda-mps-control` (compute modes set with the driver root's `nvidia-smi`), and
+    writes `mps_root/.ready` once all have their limits. Its fixed `/mps` must exist as a
+    mount point: an empty folder is left on the host, as /var/run/cdi is by `reference`."""
+    script = "\n".join(
+        [
+            "set -e",
+            "mount --make-rprivate /",
+            *_mps_mounts(mps_root),
+            'exec "$DAEMON" --config-file "$CONFIG"',
+        ]
+    )
+    env = (
+        plugin_env()
+        | _mps_env(root, mps_root)
+        | {
+            "DAEMON": str(binaries / MPS_DAEMON_EXECUTABLE),
+            "CONFIG": str(config),
+        }
+    )
     argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
     return Child(argv, log, env)
 

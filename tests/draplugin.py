@@ -209,14 +209,13 @@ class Node:
         assert self.driver.publisher is not None
         await asyncio.wait_for(self.driver.publisher.wait_published(), 10)
 
-    async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> float:
-        """Poll every 10 ms; the seconds it took. AssertionError when it does not happen."""
+    async def until(self, predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+        """Poll every 10 ms; AssertionError when it does not happen."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         while not predicate():
             assert loop.time() - began < timeout, "condition not met in time"
             await asyncio.sleep(0.01)
-        return loop.time() - began
 
 
 @contextlib.asynccontextmanager

@@ -61,8 +61,9 @@ class Plugin:
     def swap_config(self, text: str) -> None:
         write_configmap(self.root / "cm", text)
 
-    async def until(self, predicate: Any, timeout: float = 5.0) -> None:
-        """Wait for a condition, woken by kubelet-visible changes and re-checked every 50 ms."""
+    async def until(self, predicate: Any, timeout: float = 20.0) -> None:
+        """Wait for a condition, woken by kubelet-visible changes and re-checked every 50 ms; the
+        deadline is generous because a loaded machine (2 cores, several suites) is slow."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not predicate():

@@ -22,11 +22,12 @@ from deviceplugin.model.cdi import (
     CdiOptions,
     HostScan,
     build_spec,
+    common_edits,
     minimum_cdi_version,
 )
 from deviceplugin.model.config import Config, load_config_text
 from deviceplugin.model.devices import Inventory
-from deviceplugin.model.hostpaths import capability_node, host_path
+from deviceplugin.model.hostpaths import SIM_ROOT_MARKER, capability_node, host_path
 from deviceplugin.node.cdiwriter import SpecWriter
 from deviceplugin.node.discovery import discover, sysfs_numa_reader
 from deviceplugin.node.hostscan import scan_host
@@ -35,6 +36,7 @@ from deviceplugin.plugin.cdispec import node_spec
 from deviceplugin.runtime import engine
 from deviceplugin.sim.hostroot import (
     CAPS_MAJOR,
+    LIBRARY_NODE_FILE,
     NVIDIA_MAJOR,
     gpu_instance_minor,
     lay_out,
@@ -213,6 +215,29 @@ def test_the_scan_reads_majors_nodes_and_files(host_root: Path) -> None:
     )
     empty = scan_host(inventory.driver_version, "/nonexistent", "/nonexistent", "/nonexistent")
     assert empty == HostScan(driver_version=inventory.driver_version)
+
+
+def test_a_simulated_roots_library_finds_its_node_and_state_in_the_container(
+    host_root: Path,
+) -> None:
+    inventory = inventory_of()
+    root = str(host_root)
+    (host_root / LIBRARY_NODE_FILE).write_text("{}")
+    scan = scan_host(inventory.driver_version, root, root, f"{root}/proc")
+    node_file = "/usr/lib/x86_64-linux-gnu/deviceplugin-sim-node.json"
+    assert scan.simulation == (node_file, "/etc/deviceplugin-sim")
+    mounts = {
+        m["containerPath"]: m for m in common_edits(scan, CdiOptions(driver_root=root))["mounts"]
+    }
+    for path in scan.simulation:  # read-only: the library only reads state in a container
+        assert mounts[path] == {
+            "hostPath": root + path,
+            "containerPath": path,
+            "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+        }
+    (host_root / SIM_ROOT_MARKER).unlink()  # a real driver root has no such files to mount
+    unmarked = scan_host(inventory.driver_version, root, root, f"{root}/proc")
+    assert unmarked.simulation == ()
 
 
 def test_the_writer_is_atomic_leaves_nothing_behind_and_skips_unchanged(tmp_path: Path) -> None:

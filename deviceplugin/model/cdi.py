@@ -74,6 +74,7 @@ class HostScan:
     libraries: tuple[str, ...] = ()
     binaries: tuple[str, ...] = ()
     firmware: tuple[str, ...] = ()
+    simulation: tuple[str, ...] = ()  # a simulated driver root's own files (hostscan.py)
 
 
 @record(frozen=True)
@@ -118,14 +119,15 @@ def device_edits(
 def common_edits(scan: HostScan, options: CdiOptions) -> dict[str, Any]:
     """The containerEdits applied once whenever any device is injected: the legacy runtime's
     opt-outs (a variable and a volume mount), the control nodes that exist, and read-only
-    mounts of the driver's libraries, binaries and firmware."""
+    mounts of the driver's libraries, binaries and firmware (and of a simulated driver's node
+    and state, which its library reads in the container as a real one reads the kernel's)."""
     edits: dict[str, Any] = {"env": [VISIBLE_DEVICES_VOID]}
     nodes = [
         _node(node.path, options.dev_root, node.major, node.minor) for node in scan.control_nodes
     ]
     if nodes:
         edits["deviceNodes"] = nodes
-    files = (*scan.libraries, *scan.binaries, *scan.firmware)
+    files = (*scan.libraries, *scan.binaries, *scan.firmware, *scan.simulation)
     edits["mounts"] = [
         *(
             {

@@ -13,6 +13,10 @@ MIG_MINORS = "driver/nvidia-caps/mig-minors"  # under the proc root
 # simulated host, whose `proc/` is read in place of the real /proc. Its `kind` must be SIM_ROOT.
 SIM_ROOT_MARKER = "etc/deviceplugin-sim/sim-root.json"
 SIM_ROOT = "deviceplugin-sim-root"
+# The simulated libnvidia-ml's own files: the node it renders, beside the library, and the state
+# every process loading it shares (events, MIG layout, memory limits), three levels above it.
+SIM_NODE_FILE = "deviceplugin-sim-node.json"
+SIM_STATE_DIR = "/etc/deviceplugin-sim"
 
 
 def host_path(root: str, path: str) -> str:

@@ -5,6 +5,8 @@ Three roots, so a test or a simulated node can point each at a temp dir: the dev
 nodes), the driver root (libraries, binaries, firmware, found by the driver version NVML
 reported) and the proc root (`devices`, `driver/nvidia-caps/mig-minors`, the kernel module's
 files). Everything is read here once per call; the pure builder in `model/cdi.py` does the rest.
+A driver root that `deviceplugin sim-root` marked also gives the files its simulated library
+reads besides itself, so that the library works in a container as it does on the host.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from pathlib import Path
 
 from deviceplugin.model.allocation import CONTROL_NODES
 from deviceplugin.model.cdi import HostScan, NodeFile
-from deviceplugin.model.hostpaths import MIG_MINORS, host_path, parse_mig_minors
+from deviceplugin.model.hostpaths import (
+    MIG_MINORS,
+    SIM_NODE_FILE,
+    SIM_STATE_DIR,
+    host_path,
+    parse_mig_minors,
+)
+from deviceplugin.node.simmarker import is_sim_root
 
 # Where distributions put the driver's user-space files, as a container sees them.
 LIBRARY_DIRS = (
@@ -54,6 +63,7 @@ PROC_DEVICES = "devices"  # under the proc root
 
 def scan_host(driver_version: str, driver_root: str, dev_root: str, proc_root: str) -> HostScan:
     """Everything the spec needs from this host, read now."""
+    libraries = _libraries(driver_root, driver_version)
     return HostScan(
         driver_version=driver_version,
         control_nodes=tuple(
@@ -61,9 +71,10 @@ def scan_host(driver_version: str, driver_root: str, dev_root: str, proc_root: s
         ),
         majors=read_majors(host_path(proc_root, PROC_DEVICES)),
         mig_minors=_read_mig_minors(host_path(proc_root, MIG_MINORS)),
-        libraries=_libraries(driver_root, driver_version),
+        libraries=libraries,
         binaries=_found(driver_root, (f"{d}/{name}" for name in BINARIES for d in BINARY_DIRS)),
         firmware=_firmware(driver_root, driver_version),
+        simulation=_simulation(driver_root, libraries),
     )
 
 
@@ -157,3 +168,20 @@ def _firmware(root: str, version: str) -> tuple[str, ...]:
         if names:
             return tuple(f"{directory}/{version}/{name}" for name in names)
     return ()
+
+
+def _simulation(root: str, libraries: tuple[str, ...]) -> tuple[str, ...]:
+    """On a marked simulated root, what its libnvidia-ml reads (sim/native/node.c): the node
+    rendered beside the library, and the state directory its processes share (events, MIG
+    layout, memory limits; mounted whole, as its files are replaced by rename)."""
+    if not is_sim_root(root):
+        return ()
+    found = []
+    nvml = [lib for lib in libraries if os.path.basename(lib).startswith("libnvidia-ml.so.")]
+    if nvml:
+        node = f"{os.path.dirname(nvml[0])}/{SIM_NODE_FILE}"
+        if os.path.isfile(host_path(root, node)):
+            found.append(node)
+    if os.path.isdir(host_path(root, SIM_STATE_DIR)):
+        found.append(SIM_STATE_DIR)
+    return tuple(found)

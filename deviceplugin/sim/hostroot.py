@@ -14,7 +14,8 @@ for a simulated host by that mark only, never by the files it holds.
 `deviceplugin sim-root NODE DIR` writes such a tree, and with `install_library` the simulated
 `libnvidia-ml.so.<ver>` (`sim/native/`) in place of the placeholder, the node rendered for it
 beside it and an empty events file, so any NVML consumer given DIR as its driver root runs on
-the node, and with `install_mps_control` the simulated MPS control program in `usr/bin/`;
+the node, and with `install_mps_control` and `install_nvidia_smi` the simulated MPS control
+program and `nvidia-smi` (which sets compute modes) in `usr/bin/`;
 `serve --simulate` lays out a tree (without the library) in a scratch dir, in /dev/shm where
 there is one, unless `--nvidia-driver-root` names one.
 """
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from deviceplugin.model.hostpaths import (
     MIG_MINORS,
+    SIM_NODE_FILE,
     SIM_ROOT,
     SIM_ROOT_MARKER,
     capability_node,
@@ -53,7 +55,7 @@ LIBRARIES = ("libcuda.so", "libnvidia-ml.so", "libnvidia-ptxjitcompiler.so", "li
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced")
 FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
 # Where the simulated library looks, relative to DIR (native/node.c says the same).
-LIBRARY_NODE_FILE = f"{LIBRARY_DIR}/deviceplugin-sim-node.json"
+LIBRARY_NODE_FILE = f"{LIBRARY_DIR}/{SIM_NODE_FILE}"
 EVENTS_FILE = "etc/deviceplugin-sim/events.jsonl"
 # The MIG layout the library's processes share once one of them changes it (native/state.c).
 MIG_STATE_FILE = "etc/deviceplugin-sim/mig-state.json"
@@ -61,6 +63,8 @@ MIG_STATE_FILE = "etc/deviceplugin-sim/mig-state.json"
 COMPUTE_MODE_FILE = "etc/deviceplugin-sim/compute-mode.json"
 # The simulated MPS control program (native/mpscontrol.c), where the driver installs NVIDIA's.
 MPS_CONTROL = "usr/bin/nvidia-cuda-mps-control"
+# The simulated nvidia-smi (native/nvidiasmi.c), over the placeholder, by `install_nvidia_smi`.
+NVIDIA_SMI = "usr/bin/nvidia-smi"
 CAPABILITIES_DIR = "proc/driver/nvidia/capabilities"
 # Each GPU's PCI function as the kernel shows it; NUMA affinity is read from here.
 SYSFS_PCI_DEVICES = "sys/bus/pci/devices"
@@ -233,10 +237,21 @@ def install_library(node: Node, root: Path, library: Path) -> None:
 def install_mps_control(root: Path, program: Path) -> None:
     """Put the simulated `nvidia-cuda-mps-control` (`program`, a build of
     `sim/native/mpscontrol.c`) where the driver puts NVIDIA's: consumers run it from the driver
-    root as they would the real one. A copy renamed into place, as the library is."""
+    root as they would the real one."""
+    install_program(root, MPS_CONTROL, program)
+
+
+def install_nvidia_smi(root: Path, program: Path) -> None:
+    """Put the simulated `nvidia-smi` (`program`, a build of `sim/native/nvidiasmi.c`) in place of
+    the placeholder: NVIDIA's MPS daemon sets compute modes with it."""
+    install_program(root, NVIDIA_SMI, program)
+
+
+def install_program(root: Path, relative: str, program: Path) -> None:
+    """`program` at `root/relative`, executable: a copy renamed into place, as the library is."""
     import shutil
 
-    target = root / MPS_CONTROL
+    target = root / relative
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = target.with_name(f".{target.name}.new")
     shutil.copyfile(program, scratch)

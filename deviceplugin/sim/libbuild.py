@@ -12,10 +12,12 @@ that calls NVML, so it is C compiled against the same header) is built the same 
 beside the library, and packaged the same way (`hook_program()`). So is the simulated MPS
 control program (`native/mpscontrol.c`, installed by `sim-root` as the driver root's
 `usr/bin/nvidia-cuda-mps-control`), linked statically so that it runs in any container or mount
-namespace that NVIDIA's own binaries run it from.
+namespace that NVIDIA's own binaries run it from, and the simulated `nvidia-smi`
+(`native/nvidiasmi.c`: setting a compute mode through the driver root's library, as NVIDIA's MPS
+daemon does).
 
-`python -m deviceplugin.sim.libbuild [--into DIR] [--hook-into DIR]` builds the library and the
-MPS control program and prints their paths (with `--into`, copies them there first:
+`python -m deviceplugin.sim.libbuild [--into DIR] [--hook-into DIR]` builds the library, the
+MPS control program and `nvidia-smi` and prints their paths (with `--into`, copies them there first:
 `image/build.sh` ships them inside the wheel; `--hook-into` does the same for the hook).
 """
 
@@ -40,6 +42,9 @@ HEADER_IN_WHEEL = Path("nvidia/cu13/include/nvml.h")
 MPS_CONTROL_NAME = "nvidia-cuda-mps-control"
 PACKAGED_MPS_CONTROL = NATIVE_DIR / MPS_CONTROL_NAME
 MPS_CONTROL_SOURCE = "mpscontrol.c"
+NVIDIA_SMI_NAME = "nvidia-smi"
+PACKAGED_NVIDIA_SMI = NATIVE_DIR / NVIDIA_SMI_NAME
+NVIDIA_SMI_SOURCE = "nvidiasmi.c"
 SOURCES = (
     "json.c",
     "node.c",
@@ -162,6 +167,29 @@ def build_mps_control() -> Path:
         _gcc(*flags, str(source), "-o", str(output))
 
     return _cached(digest.hexdigest()[:20], MPS_CONTROL_NAME, compile_into)
+
+
+def nvidia_smi_path() -> Path:
+    """The simulated `nvidia-smi`: the one packaged with this install when it is built for this
+    machine, else a cached build."""
+    if PACKAGED_NVIDIA_SMI.is_file() and elf_machine(PACKAGED_NVIDIA_SMI) == _MACHINES.get(
+        platform.machine()
+    ):
+        return PACKAGED_NVIDIA_SMI
+    return build_nvidia_smi()
+
+
+def build_nvidia_smi() -> Path:
+    """The cached `nvidia-smi` for the current source and header, built first if missing. It
+    loads the library at run time (dlopen), as NVIDIA's loads the driver's."""
+    header = nvml_header()
+    source = NATIVE_DIR / NVIDIA_SMI_SOURCE
+    digest = hashlib.sha256(source.read_bytes() + header.read_bytes() + Path(__file__).read_bytes())
+
+    def compile_into(output: Path) -> None:
+        _gcc(*CFLAGS, f"-I{header.parent}", str(source), "-ldl", "-o", str(output))
+
+    return _cached(f"smi-{digest.hexdigest()[:20]}", NVIDIA_SMI_NAME, compile_into)
 
 
 def _cached(key: str, name: str, compile_into: Callable[[Path], None]) -> Path:
@@ -318,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hook-into", help="copy the built memory-limit hook into this folder")
     options = parser.parse_args(argv)
     try:
-        paths = [build(), build_mps_control()]
+        paths = [build(), build_mps_control(), build_nvidia_smi()]
         hook = hook_program() if options.hook_into else None
     except BuildError as err:
         print(f"libbuild: {err}", file=sys.stderr)

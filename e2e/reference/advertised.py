@@ -1,11 +1,13 @@
 """What a device plugin advertises to the kubelet, read through our kubelet emulator and reduced
 to plain, comparable data: resources, devices with health and topology, options, Allocate
-answers for one, two and all IDs, and preferred allocations for a few requests.
+answers for one, two and all IDs, and preferred allocations for a few requests; with MPS, what
+its control daemons were told (mpsstate.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
 import time
@@ -16,8 +18,10 @@ from typing import Any, TypeVar
 
 import grpc
 
+from deviceplugin.sim.hostroot import COMPUTE_MODE_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
 from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2
+from e2e.reference.mpsstate import mps_state
 from testbed import plugins
 from testbed.process import Child
 
@@ -35,7 +39,17 @@ class Advertised:
     empty): both plugins refusing the same input agree."""
 
     resources: dict[str, Plain] = field(default_factory=dict)
+    mps: Plain = field(default_factory=dict)
     failed: str = ""
+
+
+@dataclass(frozen=True)
+class MpsNode:
+    """Where a run's MPS control daemons live: the mps root both plugins are configured with,
+    and the driver root whose simulated NVML keeps the compute modes."""
+
+    mps_root: Path
+    driver_root: Path
 
 
 def container_response(response: api_pb2.ContainerAllocateResponse) -> Plain:
@@ -145,8 +159,11 @@ async def wait_registered(kubelet: KubeletEmulator, plugin: Child) -> str:
     return f"a resource sent no device list in {REGISTER_TIMEOUT:.0f} s"
 
 
-async def advertised(kubelet: KubeletEmulator, plugin: Child) -> Advertised:
-    """Start `plugin`, read everything it advertises through `kubelet`, stop it."""
+async def advertised(
+    kubelet: KubeletEmulator, plugin: Child, mps: MpsNode | None = None
+) -> Advertised:
+    """Start `plugin`, read everything it advertises through `kubelet` (and with `mps`, what
+    its daemons were told by the time it has registered), stop it."""
     with plugin.start():
         failed = await wait_registered(kubelet, plugin)
         if failed:
@@ -154,9 +171,23 @@ async def advertised(kubelet: KubeletEmulator, plugin: Child) -> Advertised:
         refused = [r for r in kubelet.registrations if not r.ok]
         if refused:
             return Advertised(failed=f"registration refused: {refused[0].error}")
-        return Advertised(
-            resources={name: await _resource(kubelet, name) for name in kubelet.resources()}
-        )
+        daemons = mps_state(mps.mps_root, mps.driver_root) if mps else {}
+        resources = {name: await _resource(kubelet, name) for name in kubelet.resources()}
+        return Advertised(resources=resources, mps=daemons)
+
+
+async def reference_mps_ready(daemon: Child, mps_root: Path) -> str:
+    """Wait for NVIDIA's MPS daemon to have started its control daemons (`.ready`); returns
+    why not ("" when it has). Its plugin advertises an MPS resource only once they answer."""
+    deadline = time.monotonic() + REGISTER_TIMEOUT
+    while time.monotonic() < deadline:
+        if (mps_root / plugins.MPS_READY).exists():
+            return ""
+        code = daemon.exit_code()
+        if code is not None:
+            return f"MPS daemon exited with status {code}: {daemon.tail(6)}"
+        await asyncio.sleep(0.05)
+    return f"MPS daemon not ready in {REGISTER_TIMEOUT:.0f} s: {daemon.tail(6)}"
 
 
 async def in_turn(
@@ -166,23 +197,45 @@ async def in_turn(
     work: Path,
     observe: Callable[[KubeletEmulator, Child], Awaitable[T]],
     ours_extra: Sequence[str] = (),
+    mps_root: Path | None = None,
+    stopped: Callable[[str], None] | None = None,
 ) -> dict[str, T]:
     """The reference, then ours, each on driver root `root` with `config` against a fresh
-    kubelet emulator under `work/<name>`: what `observe` makes of each."""
+    kubelet emulator under `work/<name>`: what `observe` makes of each. With `mps_root` (the
+    config's `flags.mpsRoot`, emptied before each), NVIDIA's MPS daemon runs beside its plugin,
+    started first as its chart starts it; ours starts its daemons itself. `stopped(name)` is
+    called once each run's processes have all ended."""
     results: dict[str, T] = {}
     for name in ("reference", "ours"):
         run = work / name
         shutil.rmtree(run, ignore_errors=True)
         (run / "cdi").mkdir(parents=True)
+        if mps_root is not None:  # no daemon's files or compute modes left from the last run
+            shutil.rmtree(mps_root, ignore_errors=True)
+            mps_root.mkdir(parents=True)
+            (root / COMPUTE_MODE_FILE).unlink(missing_ok=True)
         kubelet = KubeletEmulator(run / "kubelet")
         await kubelet.start()
         try:
-            log = run / "plugin.log"
-            if name == "reference":
-                plugin = plugins.reference(binaries, root, kubelet.directory, config, log)
-            else:
-                plugin = plugins.ours(root, kubelet.directory, config, run / "cdi", log, ours_extra)
-            results[name] = await observe(kubelet, plugin)
+            with contextlib.ExitStack() as stack:
+                log = run / "plugin.log"
+                if name == "reference":
+                    if mps_root is not None:
+                        daemon = plugins.reference_mps_daemon(
+                            binaries, root, config, mps_root, run / "mps-daemon.log"
+                        )
+                        stack.enter_context(daemon.start())
+                        await reference_mps_ready(daemon, mps_root)  # else its plugin says why
+                    plugin = plugins.reference(
+                        binaries, root, kubelet.directory, config, log, mps_root
+                    )
+                else:
+                    plugin = plugins.ours(
+                        root, kubelet.directory, config, run / "cdi", log, ours_extra
+                    )
+                results[name] = await observe(kubelet, plugin)
+            if stopped is not None:
+                stopped(name)
         finally:
             await kubelet.stop()
     return results

@@ -5,6 +5,8 @@
 #   e2e/reference/build.sh     # -> ~/.cache/deviceplugin/reference/<key>/bin
 #
 #   bin/nvidia-device-plugin   the reference device plugin (device-plugin/go.mod)
+#   bin/mps-control-daemon     its MPS control daemon, which it needs to advertise MPS resources
+#                              (the same)
 #   bin/gpu-kubelet-plugin     NVIDIA's DRA kubelet plugin (dra-driver/go.mod)
 #   bin/nvidia-ctk             the container toolkit's CLI (nvidia-ctk/go.mod)
 #   bin/nvidia-cdi-hook        its CDI hook, which the DRA kubelet plugin insists on (the same)
@@ -25,6 +27,7 @@ export CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations"
 
 components=(
     "device-plugin github.com/NVIDIA/k8s-device-plugin cmd/nvidia-device-plugin"
+    "device-plugin github.com/NVIDIA/k8s-device-plugin cmd/mps-control-daemon"
     "dra-driver sigs.k8s.io/dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin"
     "nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit cmd/nvidia-ctk"
     "nvidia-ctk github.com/NVIDIA/nvidia-container-toolkit cmd/nvidia-cdi-hook"
@@ -53,7 +56,7 @@ for component in "${components[@]}"; do
     log "$name $version ..."
     # The version stamped where each reports it (their Makefiles' -X flags).
     case $name in
-        nvidia-device-plugin) stamp="-X github.com/NVIDIA/k8s-device-plugin/internal/info.version=$version" ;;
+        nvidia-device-plugin | mps-control-daemon) stamp="-X github.com/NVIDIA/k8s-device-plugin/internal/info.version=$version" ;;
         gpu-kubelet-plugin) stamp="-X sigs.k8s.io/dra-driver-nvidia-gpu/internal/info.version=$version" ;;
         nvidia-ctk | nvidia-cdi-hook) stamp="-X github.com/NVIDIA/nvidia-container-toolkit/internal/info.version=$version" ;;
     esac

@@ -7,12 +7,17 @@ docs/compatibility.md) or unexplained, and an unexplained one fails the run.
     python -m e2e.reference.compat            # the full matrix
     python -m e2e.reference.compat --quick    # the subset CI runs
     python -m e2e.reference.compat --case NAME --show   # one case, both answers printed
+
+With `sharing.mps`, NVIDIA's `mps-control-daemon` runs beside its plugin (started first, as its
+chart starts it) and ours starts its daemons itself; what the simulated control daemons were
+told, the limits they hold and the GPUs' compute modes are compared too (mpsstate.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import tempfile
@@ -24,8 +29,9 @@ from typing import Any
 
 import yaml
 
-from e2e.reference.advertised import Advertised, advertised, in_turn
+from e2e.reference.advertised import Advertised, MpsNode, advertised, in_turn
 from e2e.reference.known import Difference, explain
+from e2e.reference.mpsstate import after_stop
 from testbed import plugins
 
 CONFIG_DIR = plugins.REPO / "config"
@@ -103,12 +109,44 @@ def time_slicing_cases(presets: tuple[str, ...]) -> Iterator[Case]:
                 yield Case.of(name, preset, {"sharing": sharing})
 
 
+# A case's `flags.mpsRoot`: each run puts its own folder there (compat writes in it, and
+# NVIDIA's daemon sees it as /mps).
+MPS_ROOT = "@MPS_ROOT@"
+
+
+def mps(replicas: int, rename: bool = False, **flags: Any) -> dict[str, Any]:
+    resources = [{"name": "nvidia.com/gpu", "replicas": replicas}]
+    return {
+        "flags": {"migStrategy": "none", "mpsRoot": MPS_ROOT, **flags},
+        "sharing": {"mps": {"renameByDefault": rename, "resources": resources}},
+    }
+
+
+def mps_cases() -> Iterator[Case]:
+    """MPS: NVIDIA's daemon and plugin against ours, with and without renameByDefault, in
+    every device list strategy, and the configurations both refuse."""
+    for preset, replicas in (("a100-80gb-x8-mixed", 4), ("h100-x8", 3)):
+        for rename in (False, True):
+            name = f"MPS x{replicas}, renameByDefault {rename} on {preset}"
+            yield Case.of(name, preset, mps(replicas, rename))
+    for strategy in LIST_STRATEGIES:
+        config = mps(4, plugin={"deviceListStrategy": [strategy]})
+        yield Case.of(f"MPS x4, {strategy} on a10-x8", "a10-x8", config)
+    yield Case.of(
+        "MPS x4, migStrategy mixed on a30-x4-mig", "a30-x4-mig", mps(4, migStrategy="mixed")
+    )
+    without_root = mps(4)
+    del without_root["flags"]["mpsRoot"]
+    yield Case.of("MPS x4 without mpsRoot on a10-x8", "a10-x8", without_root)
+
+
 def full_matrix() -> list[Case]:
     return [
         *config_file_cases(),
         *mig_strategy_cases(),
         *plugin_flag_cases(("a10-x8", "a100-80gb-x8-mixed")),
         *time_slicing_cases(("a10-x8", "h100-x8")),
+        *mps_cases(),
     ]
 
 
@@ -120,7 +158,12 @@ def quick_matrix() -> list[Case]:
     for strategy in LIST_STRATEGIES:
         cases.append(flags[f"{strategy}, passDeviceSpecs True, uuid IDs on a100-80gb-x8-mixed"])
     cases += [c for c in mig_strategy_cases() if c.preset == "a30-x4-mig"]
+    cases += [c for c in mps_cases() if c.name == MPS_SEED_CASE]
     return cases
+
+
+# The issue's example: 8 A100s, 4 of them in MIG mode (advertised whole with migStrategy none).
+MPS_SEED_CASE = "MPS x4, renameByDefault False on a100-80gb-x8-mixed"
 
 
 # --- comparing ---------------------------------------------------------------------------------
@@ -133,6 +176,7 @@ def compare(case: str, ours: Advertised, reference: Advertised) -> Iterator[Diff
             yield Difference(case, "started", ours.failed or "served", reference.failed or "served")
         return
     yield from _walk(case, "", ours.resources, reference.resources)
+    yield from _walk(case, "mps", ours.mps, reference.mps)
 
 
 def _walk(case: str, path: str, ours: Any, reference: Any) -> Iterator[Difference]:
@@ -167,8 +211,21 @@ async def run_case(case: Case, binaries: Path, work: Path, roots: dict[str, Path
         roots[case.preset] = plugins.sim_root(case.preset, work / f"root-{case.preset}")
     root = roots[case.preset]
     config = work / "config.yaml"
-    config.write_text(case.config)
-    answers = await in_turn(binaries, root, config, work, advertised)
+    mps_root = work / "mps" if MPS_ROOT in case.config else None
+    config.write_text(case.config.replace(MPS_ROOT, str(mps_root)))
+    observe = functools.partial(advertised, mps=MpsNode(mps_root, root) if mps_root else None)
+    left: dict[str, Any] = {}
+
+    def stopped(name: str) -> None:
+        if mps_root is not None:
+            left[name] = after_stop(mps_root, root)
+
+    answers = await in_turn(
+        binaries, root, config, work, observe, mps_root=mps_root, stopped=stopped
+    )
+    for name, state in left.items():
+        if answers[name].mps:
+            answers[name].mps["afterStop"] = state
     differences = list(compare(case.name, answers["ours"], answers["reference"]))
     return Outcome(
         case, answers["ours"], answers["reference"], differences, time.monotonic() - began

@@ -30,12 +30,19 @@ SHOWN_BY = {
         "envvar, passDeviceSpecs True, uuid IDs on a100-80gb-x8-mixed"
     ),
     "Preferred allocation: policy and ties": "config/seed.yaml on a10-x8",
+    "MPS: the daemon is checked after start, not before": (
+        "MPS x3, renameByDefault False on h100-x8"
+    ),
 }
 
 # The reference's device order comes from iterating a Go map, which is random: one run can
 # happen to keep the request's order (about one in ten here). Several runs make missing it
 # by chance negligible while a real change (order kept every time) still fails.
-RUNS_TO_SHOW = {"Device order: the request's, not a Go map's": 6}
+RUNS_TO_SHOW = {
+    "Device order: the request's, not a Go map's": 6,
+    # Ours first asks its daemon 5 s after starting it: a run slowed past that shows nothing.
+    "MPS: the daemon is checked after start, not before": 3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +74,23 @@ def test_ci_subset_differs_only_where_documented(binaries: Path) -> None:
     )
     for name, answers in seed.ours.resources.items():
         assert answers["devices"] == seed.reference.resources[name]["devices"]
+    # MPS: 8 GPUs x 4 from both, the same limits told to and held by the control daemon, and the
+    # same GPUs in EXCLUSIVE_PROCESS (the four in MIG mode keep theirs: nvidia-smi warns).
+    (mps,) = [o for o in outcomes if o.case.name == compat.MPS_SEED_CASE]
+    assert len(mps.reference.resources["nvidia.com/gpu"]["devices"]) == 32
+    assert mps.ours.resources["nvidia.com/gpu"]["devices"].keys() == (
+        mps.reference.resources["nvidia.com/gpu"]["devices"].keys()
+    )
+    ours, reference = mps.ours.mps, mps.reference.mps
+    ours_gpu = ours["daemons"]["nvidia.com/gpu"]
+    reference_gpu = reference["daemons"]["nvidia.com/gpu"]
+    assert ours_gpu["told"] == reference_gpu["told"]
+    assert len(reference_gpu["told"]) == 9  # 8 memory limits, the thread percentage
+    assert ours_gpu["limits"] == reference_gpu["limits"]
+    assert ours["computeModes"] == reference["computeModes"]
+    assert set(reference["computeModes"].values()) == {3} and len(reference["computeModes"]) == 4
+    # Once stopped: every control daemon told to quit, every GPU in DEFAULT again.
+    assert ours["afterStop"] == reference["afterStop"] == {"computeModes": {}, "stillServing": []}
 
 
 def test_every_documented_difference_has_a_case_that_shows_it() -> None:
@@ -100,7 +124,18 @@ def test_a_difference_nothing_documents_is_unexplained() -> None:
         "a case", "nvidia.com/gpu.devices.GPU-a", devices["GPU-a"], None
     )
     assert explain(difference) is None
+    told = {"daemons": {"nvidia.com/gpu": {"told": ["set_default_active_thread_percentage 25"]}}}
+    (limit,) = compat.compare("a case", Advertised(mps=told), Advertised(mps={}))
+    assert limit.field == "mps.daemons" and explain(limit) is None
     refused = Advertised(failed="exited with status 1")
     (started,) = compat.compare("a case", ours, refused)
     assert started.field == "started" and explain(started) is None
     assert list(compat.compare("a case", refused, Advertised(failed="another reason"))) == []
+
+
+def test_mps_health_query_is_explained_only_when_ours_had_not_asked_yet() -> None:
+    field = "mps.daemons.nvidia.com/gpu.shared.asked"
+    query = ["get_default_active_thread_percentage"]
+    assert explain(Difference("a case", field, [], query)) is not None
+    assert explain(Difference("a case", field, query, [])) is None
+    assert explain(Difference("a case", field, ["quit"], query)) is None

@@ -1,11 +1,14 @@
-// NVIDIA's reference device plugin (github.com/NVIDIA/k8s-device-plugin v0.19.0, cmd/nvidia-device-plugin), built unmodified by ../build.sh
+// NVIDIA's reference device plugin (github.com/NVIDIA/k8s-device-plugin v0.19.0, cmd/nvidia-device-plugin) and its MPS control daemon (cmd/mps-control-daemon), built unmodified by ../build.sh
 // to compare ours with (make compat, make bench-reference). Nothing here ships. A module of its
 // own, so its dependencies are the versions that project pins (go.sum pins their content).
 module deviceplugin.local/e2e/reference/device-plugin
 
 go 1.26.8
 
-tool github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin
+tool (
+	github.com/NVIDIA/k8s-device-plugin/cmd/mps-control-daemon
+	github.com/NVIDIA/k8s-device-plugin/cmd/nvidia-device-plugin
+)
 
 require (
 	cyphar.com/go-pathrs v0.2.1 // indirect
@@ -22,6 +25,7 @@ require (
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/moby/sys/capability v0.4.0 // indirect
+	github.com/moby/sys/mountinfo v0.7.2 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/opencontainers/cgroups v0.0.6 // indirect
@@ -48,6 +52,7 @@ require (
 	k8s.io/klog/v2 v2.130.1 // indirect
 	k8s.io/kube-openapi v0.0.0-20250910181357-589584f1c912 // indirect
 	k8s.io/kubelet v0.35.2 // indirect
+	k8s.io/mount-utils v0.35.2 // indirect
 	k8s.io/utils v0.0.0-20251002143259-bc988d571ff4 // indirect
 	sigs.k8s.io/json v0.0.0-20250730193827-2d320260d730 // indirect
 	sigs.k8s.io/randfill v1.0.0 // indirect

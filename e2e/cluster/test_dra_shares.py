@@ -1,0 +1,197 @@
+"""GPU memory shares under the real scheduler and kubelet (`make e2e-cluster`).
+
+The driver deployed with shares on (`manifests/overlays/simulated-node-dra-shares`), every claim
+pinned to one whole 80 GiB GPU of the simulated node by its `uuid`. Checked through the API
+(allocation results, the scheduler's reason on a pod it cannot place), inside each container of
+our image (its nvidia-ml-py on the `libnvidia-ml.so.1` the claim's CDI spec mounts: the cap the
+createContainer hook set, seen from the container's own cgroup) and on the host (the simulated
+library's limits file, empty once the pods are gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from deviceplugin.sim.node import read_node, resolve_node_path
+from e2e.cluster.kube import (
+    REPO,
+    SIMULATED_NODE,
+    Obj,
+    apply,
+    exec_in,
+    get,
+    kubectl,
+    pod,
+    pod_running,
+    unschedulable_reason,
+    wait_until,
+)
+from e2e.cluster.test_dra import (
+    DRIVER,
+    attribute,
+    cdi_spec_of,
+    claim_uid,
+    driver_ready,
+    published,
+    start,
+)
+
+OVERLAY = REPO / "manifests" / "overlays" / "simulated-node-dra-shares"
+IMAGE = os.environ.get("E2E_IMAGE", "localhost/deviceplugin:e2e")  # has nvidia-ml-py
+LABEL = "e2e=dra-shares"
+LIMITS = SIMULATED_NODE / "root" / "etc" / "deviceplugin-sim" / "memory-limits.json"
+GIB = 1 << 30
+GPU = next(g for g in read_node(resolve_node_path("a100-80gb-x8-mixed")).gpus if not g.mig_enabled)
+# nvmlDeviceGetMemoryInfo_v2 on the pinned GPU, as the container's process sees it.
+MEMORY_TOTAL = (
+    "import sys, pynvml; pynvml.nvmlInit(); "
+    "handle = pynvml.nvmlDeviceGetHandleByUUID(sys.argv[1]); "
+    "print(pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).total)"
+)
+
+
+def template(name: str, memory: str | None) -> Obj:
+    """A claim template for the pinned GPU, asking `memory` of it (None: no capacity)."""
+    exactly: Obj = {
+        "deviceClassName": "gpu-shared.nvidia.com",
+        "selectors": [
+            {"cel": {"expression": f"device.attributes['{DRIVER}'].uuid == '{GPU.uuid}'"}}
+        ],
+    }
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+    }
+
+
+def share_pod(name: str, claim_template: str) -> Obj:
+    """A pod of our image that sleeps holding a claim from `claim_template`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"e2e": "dra-shares"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": claim_template}],
+            "containers": [
+                {
+                    "name": "work",
+                    "image": IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+
+
+def result_of(pod_name: str) -> Obj:
+    """The one allocation result of the pod's claim, as the scheduler wrote it."""
+    (status,) = pod(pod_name)["status"]["resourceClaimStatuses"]
+    claim = get("resourceclaim", status["resourceClaimName"], "-n", "default")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    found: Obj = result
+    return found
+
+
+def memory_seen(pod_name: str) -> int:
+    return int(exec_in(pod_name, "python", "-c", MEMORY_TOTAL, GPU.uuid))
+
+
+def limits_left() -> list[Obj]:
+    """The limits the simulated library holds on the host, for every GPU and cgroup."""
+    if not LIMITS.exists():
+        return []
+    entries: list[Obj] = json.loads(LIMITS.read_text())["limits"]
+    return entries
+
+
+def pending_reason(name: str) -> str:
+    reason = wait_until(
+        f"{name} Pending with the scheduler's reason", lambda: unschedulable_reason(name), 60
+    )
+    assert pod(name)["status"]["phase"] == "Pending", reason
+    assert "cannot allocate all claims" in reason, reason
+    return reason
+
+
+def delete_pods(*names: str) -> None:
+    """Delete pods (all of this file's when none is named) and wait until their claims are
+    unprepared on the host."""
+    targets = names or tuple(
+        p["metadata"]["name"] for p in get("pods", "-n", "default", "-l", LABEL)["items"]
+    )
+    uids = [claim_uid(n) for n in targets if pod(n)["status"].get("resourceClaimStatuses")]
+    selector = ["-l", LABEL] if not names else list(names)
+    kubectl("delete", "pod", "-n", "default", *selector, "--wait=true", "--timeout=120s")
+    wait_until("their claims unprepared", lambda: not any(cdi_spec_of(u).exists() for u in uids))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shares_driver() -> Iterator[None]:
+    kubectl("apply", "-k", str(OVERLAY))
+    wait_until("the driver pod Ready", driver_ready, timeout=240)
+    wait_until(
+        "the GPU published shareable", lambda: pinned_device().get("allowMultipleAllocations")
+    )
+    apply(template("share-20gi", "20Gi"))
+    apply(template("whole-gpu", None))
+    yield
+    kubectl("delete", "pod", "-n", "default", "-l", LABEL, "--wait=true", "--timeout=120s")
+    kubectl("delete", "-k", str(OVERLAY), "--wait=true", "--timeout=120s", check=False)
+
+
+@pytest.fixture(autouse=True)
+def no_pods_left() -> Iterator[None]:
+    yield
+    delete_pods()
+
+
+def pinned_device() -> Obj:
+    return next(d for d in published().values() if attribute(d, "uuid") == GPU.uuid)
+
+
+def test_four_20gi_shares_fill_the_gpu_each_capped_and_a_fifth_waits_for_one() -> None:
+    assert GPU.memory_mib == 80 * 1024
+    names = [start(share_pod(f"share-{n}", "share-20gi")) for n in range(4)]
+    results = [result_of(name) for name in names]
+    assert {r["device"] for r in results} == {pinned_device()["name"]}
+    assert len({r["shareID"] for r in results}) == 4, results
+    assert all(r["consumedCapacity"]["memory"] == "20Gi" for r in results), results
+    for name in names:  # the cap of its own cgroup, through the library the CDI spec mounts
+        assert memory_seen(name) == 20 * GIB, name
+    assert len({entry["nameSpace"] for entry in limits_left()}) == 4
+
+    apply(share_pod("share-4", "share-20gi"))
+    pending_reason("share-4")
+    delete_pods(names[0])
+    wait_until("share-4 Running on the freed share", lambda: pod_running("share-4"), 180)
+    assert result_of("share-4")["device"] == pinned_device()["name"]
+    assert memory_seen("share-4") == 20 * GIB
+
+    delete_pods()
+    assert limits_left() == []
+
+
+def test_a_claim_asking_no_capacity_gets_the_gpu_alone() -> None:
+    whole = start(share_pod("whole", "whole-gpu"))
+    assert result_of(whole)["consumedCapacity"]["memory"] == "80Gi"
+    assert memory_seen(whole) == 80 * GIB
+    apply(share_pod("beside-whole", "share-20gi"))
+    pending_reason("beside-whole")
+    delete_pods(whole)
+    wait_until(
+        "beside-whole Running once the GPU is free", lambda: pod_running("beside-whole"), 180
+    )
+    assert memory_seen("beside-whole") == 20 * GIB
+    delete_pods()
+    assert limits_left() == []
