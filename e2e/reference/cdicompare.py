@@ -147,6 +147,16 @@ DOCUMENTED: tuple[Documented, ...] = (
         only_in="ours",
     ),
     Documented(
+        "simulation-mounts",
+        "mount",
+        r"/etc/deviceplugin-sim|/.+/deviceplugin-sim-node\.json",
+        "Only on a driver root marked as simulated: the simulated libnvidia-ml.so.1 in the "
+        "container reads its node file beside itself, and the state every process on the node "
+        "shares (MIG layout, memory limits, compute modes) in etc/deviceplugin-sim. A real "
+        "driver root gets neither mount.",
+        only_in="ours",
+    ),
+    Documented(
         "hook-create-symlinks",
         "hook",
         HOOK + "create-symlinks",
