@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,11 +41,14 @@ def h100_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def mps_root() -> Iterator[Path]:
-    """Short: the daemon's socket path must fit AF_UNIX."""
+    """Short: the daemon's socket path must fit AF_UNIX. As root on a shared mount, serve makes
+    its shm a tmpfs (tests/test_mps_shm.py), which goes with the directory."""
     with tempfile.TemporaryDirectory(prefix="mps") as base:
         yield Path(base)
         for limits in Path(base).glob(f"*/*/pipe/{LIMITS}"):  # a daemon a failed test left
             os.kill(json.loads(limits.read_text())["pid"], signal.SIGKILL)
+        if os.path.ismount(Path(base) / "shm"):
+            subprocess.run(["umount", str(Path(base) / "shm")], check=True)
 
 
 def limits(mps_root: Path) -> dict[str, Any] | None:
