@@ -20,7 +20,8 @@ SCRIPT = """
 import logging, os, sys
 from pathlib import Path
 from deviceplugin.node.mpsshm import prepare_shm
-logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s %(dp_fields)s")
+form = "%(levelname)s %(message)s %(dp_fields)s"
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=form)
 path = sys.argv[1]
 prepare_shm(path)
 prepare_shm(path)
