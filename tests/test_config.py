@@ -17,6 +17,7 @@ from deviceplugin.model.config import (
     MAX_REPLICAS,
     Config,
     ParsedConfig,
+    load_config_text,
     parse_config,
     summary,
 )
@@ -864,6 +865,17 @@ def test_a_relative_mps_root_from_the_environment_names_the_field() -> None:
     assert caught.value.message == (
         "must be an absolute path, got 'run/nvidia/mps' (overrides flags.mpsRoot)"
     )
+
+
+def test_a_file_without_mps_root_takes_it_from_the_environment() -> None:
+    """NVIDIA's MPS example names no mpsRoot: the chart's MPS_ROOT completes it; unset, the file
+    is refused as before."""
+    text = "version: v1\nsharing: {mps: {resources: [{name: gpu, replicas: 4}]}}\n"
+    config = load_config_text(text, None, {}, {"MPS_ROOT": "/run/nvidia/mps"}).config
+    assert config.flags.mps_root == "/run/nvidia/mps"
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text, None, {}, {"MPS_ROOT": ""})
+    assert caught.value.path == "flags.mpsRoot"
 
 
 def test_reference_configmap_with_unused_keys_still_applies_what_it_can() -> None:
