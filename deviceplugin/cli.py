@@ -147,6 +147,7 @@ _OVERRIDE_HELP = {
     "device_id_strategy": "uuid or index",
     "nvidia_driver_root": "driver root on the host (default /)",
     "nvidia_dev_root": "dev root on the host (default: the driver root)",
+    "mps_root": "where sharing.mps keeps its daemons' pipe, log and shm directories",
     "cdi_annotation_prefix": "prefix of the CDI annotation key (default cdi.k8s.io/)",
     "shared_devices_allocation_policy": "distributed or packed",
     "gdrcopy_enabled": "true (default) or false: NVIDIA_GDRCOPY=enabled in each container",

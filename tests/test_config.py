@@ -17,6 +17,7 @@ from deviceplugin.model.config import (
     MAX_REPLICAS,
     Config,
     ParsedConfig,
+    load_config_text,
     parse_config,
     summary,
 )
@@ -628,7 +629,7 @@ def test_config_is_frozen() -> None:
             "got a list",
             id="devices-nested",
         ),
-        # sharing.mps is checked like timeSlicing even though it is not applied
+        # sharing.mps is checked as timeSlicing is
         pytest.param(
             "sharing: {mps: {resources: [{name: gpu, replicas: 1}]}}",
             "sharing.mps.resources[0].replicas",
@@ -855,6 +856,28 @@ def test_mps_needs_an_absolute_mps_root(text: str, path: str, words: str) -> Non
     assert words in caught.value.message
 
 
+def test_a_relative_mps_root_from_the_environment_names_the_field() -> None:
+    """The chart sets MPS_ROOT on every pod (as the reference's does): a bad one is refused like
+    the file's own, naming the variable and the field it overrides."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {}, {"MPS_ROOT": "run/nvidia/mps"})
+    assert caught.value.path == "MPS_ROOT"
+    assert caught.value.message == (
+        "must be an absolute path, got 'run/nvidia/mps' (overrides flags.mpsRoot)"
+    )
+
+
+def test_a_file_without_mps_root_takes_it_from_the_environment() -> None:
+    """NVIDIA's MPS example names no mpsRoot: the chart's MPS_ROOT completes it; unset, the file
+    is refused as before."""
+    text = "version: v1\nsharing: {mps: {resources: [{name: gpu, replicas: 4}]}}\n"
+    config = load_config_text(text, None, {}, {"MPS_ROOT": "/run/nvidia/mps"}).config
+    assert config.flags.mps_root == "/run/nvidia/mps"
+    with pytest.raises(ConfigError) as caught:
+        load_config_text(text, None, {}, {"MPS_ROOT": ""})
+    assert caught.value.path == "flags.mpsRoot"
+
+
 def test_reference_configmap_with_unused_keys_still_applies_what_it_can() -> None:
     text = """
 version: v1
@@ -893,6 +916,7 @@ def test_env_overrides_table() -> None:
         "device_id_strategy": "DEVICE_ID_STRATEGY",
         "nvidia_driver_root": "NVIDIA_DRIVER_ROOT",
         "nvidia_dev_root": "NVIDIA_DEV_ROOT",
+        "mps_root": "MPS_ROOT",
         "cdi_annotation_prefix": "CDI_ANNOTATION_PREFIX",
         "gdrcopy_enabled": "GDRCOPY_ENABLED",
         "gds_enabled": "GDS_ENABLED",
@@ -910,6 +934,7 @@ def config_file(tmp_path: Path) -> Path:
         "  migStrategy: single\n"
         "  failOnInitError: false\n"
         "  nvidiaDriverRoot: /file/driver\n"
+        "  mpsRoot: /file/mps\n"
         "  plugin: {passDeviceSpecs: true, deviceListStrategy: volume-mounts,"
         " deviceIDStrategy: index}\n"
     )
@@ -972,6 +997,15 @@ def config_file(tmp_path: Path) -> Path:
             "/",
             "flags.nvidia_driver_root",
             id="driver-root",
+        ),
+        pytest.param(
+            "mps_root",
+            "/flag/mps",
+            "/env/mps",
+            "/file/mps",
+            None,
+            "flags.mps_root",
+            id="mps-root",
         ),
     ],
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,11 +41,14 @@ def h100_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def mps_root() -> Iterator[Path]:
-    """Short: the daemon's socket path must fit AF_UNIX."""
+    """Short: the daemon's socket path must fit AF_UNIX. As root on a shared mount, serve makes
+    its shm a tmpfs (tests/test_mps_shm.py), which goes with the directory."""
     with tempfile.TemporaryDirectory(prefix="mps") as base:
         yield Path(base)
         for limits in Path(base).glob(f"*/*/pipe/{LIMITS}"):  # a daemon a failed test left
             os.kill(json.loads(limits.read_text())["pid"], signal.SIGKILL)
+        if os.path.ismount(Path(base) / "shm"):
+            subprocess.run(["umount", str(Path(base) / "shm")], check=True)
 
 
 def limits(mps_root: Path) -> dict[str, Any] | None:
@@ -170,5 +174,66 @@ def test_a_driver_root_without_the_control_program_refuses_mps_and_keeps_serving
             assert core.last_config_error_field == "flags.nvidiaDriverRoot"
             assert "nvidia-cuda-mps-control" in (core.last_config_error or "")
             assert plugin.kubelet.allocatable(GPU) == 8
+
+    run(body())
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "words"),
+    [
+        pytest.param(
+            "sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 1}]}}",
+            "sharing.mps.resources[0].replicas",
+            "must be >= 2",
+            id="one-replica",
+        ),
+        pytest.param(
+            "flags: {mpsRoot: run/nvidia/mps}\n"
+            "sharing: {mps: {resources: [{name: nvidia.com/gpu, replicas: 2}]}}",
+            "flags.mpsRoot",
+            "must be an absolute path",
+            id="relative-mps-root",
+        ),
+    ],
+)
+def test_a_bad_mps_config_names_its_field_and_the_daemon_keeps_serving(
+    h100_root: Path, mps_root: Path, bad: str, field: str, words: str
+) -> None:
+    async def body() -> None:
+        async with running_plugin(
+            config_text=mps_config(mps_root, 4), driver_root=h100_root
+        ) as plugin:
+            daemon = limits(mps_root)
+            assert daemon is not None
+            plugin.swap_config(f"version: v1\n{bad}\n")
+            await plugin.until(lambda: plugin.supervisor.status().core.last_config_error_field)
+            core = plugin.supervisor.status().core
+            assert core.last_config_error_field == field
+            assert words in (core.last_config_error or "")
+            assert plugin.kubelet.allocatable(GPU) == 32
+            assert limits(mps_root) == daemon, "the same daemon, with the same limits"
+
+    run(body())
+
+
+def test_mps_on_mig_devices_names_the_resource_and_the_last_config_keeps_serving(
+    tmp_path: Path, mps_root: Path
+) -> None:
+    root = sim_root("a30-x4-mig", tmp_path / "root")
+    single = "version: v1\nflags: {migStrategy: single}\n"
+
+    async def body() -> None:
+        async with running_plugin(config_text=single, driver_root=root) as plugin:
+            before = plugin.kubelet.allocatable(GPU)
+            assert before > 0
+            plugin.swap_config(mps_config(mps_root, 2).replace("none", "single"))
+            await plugin.until(lambda: plugin.supervisor.status().core.last_config_error_field)
+            core = plugin.supervisor.status().core
+            assert core.last_config_error_field == "sharing.mps.resources[0].name"
+            assert "sharing using MPS is not supported for MIG devices" in (
+                core.last_config_error or ""
+            )
+            assert plugin.kubelet.allocatable(GPU) == before
+            assert limits(mps_root) is None, "no daemon for a refused config"
 
     run(body())

@@ -421,8 +421,10 @@ def load_config_text(
 def _with_overrides(
     document: dict[str, object], cli: Mapping[str, str | None], env: Mapping[str, str]
 ) -> ParsedConfig:
-    parsed = _build(document, ())  # the file must be valid on its own, whatever overrides it
     overrides = given_overrides(cli, env)
+    # The file must be valid on its own, whatever overrides it, except for what an override may
+    # complete: a file without flags.mpsRoot takes MPS_ROOT, as the reference's chart sets it.
+    parsed = _build(document, (), complete=not overrides)
     return _build(document, overrides) if overrides else parsed
 
 
@@ -456,7 +458,11 @@ def summary(config: Config) -> str:
     return f"valid {config.version} config: " + ", ".join(parts)
 
 
-def _build(document: Mapping[str, object], overrides: Sequence[Given]) -> ParsedConfig:
+def _build(
+    document: Mapping[str, object], overrides: Sequence[Given], complete: bool = True
+) -> ParsedConfig:
+    """The config of `document` with `overrides`; with `complete`, also what the whole config
+    must hold (`_check_complete`)."""
     scan = scan_keys(document)
     if scan.unknown:
         raise _combined(scan.unknown)
@@ -465,6 +471,8 @@ def _build(document: Mapping[str, object], overrides: Sequence[Given]) -> Parsed
     labels = {given.path: given.label for given in overrides}
     config = _validate(Config, scan.known, "", labels)
     _check_unused(scan.unused, config)
+    if complete:
+        _check_complete(config)
     warnings: list[str] = []
     if config.sharing.mps is not None and config.sharing.time_slicing is not None:
         warnings.append(
@@ -489,15 +497,18 @@ def _check_unused(unused: Mapping[str, object], config: Config) -> None:
             "flags.deviceDiscoveryStrategy",
             f"must be one of {', '.join(DISCOVERY_STRATEGIES)}, got {describe(strategy)}",
         )
-    if config.sharing.mps is not None:
-        if config.flags.mig_strategy == "mixed":
-            raise ConfigError("sharing.mps", "MPS sharing cannot be used with migStrategy mixed")
-        if config.flags.mps_root is None:
-            raise ConfigError(
-                "flags.mpsRoot",
-                "sharing.mps needs the MPS daemon's root directory here (e.g. /run/nvidia/mps), "
-                "got none",
-            )
+    if config.sharing.mps is not None and config.flags.mig_strategy == "mixed":
+        raise ConfigError("sharing.mps", "MPS sharing cannot be used with migStrategy mixed")
+
+
+def _check_complete(config: Config) -> None:
+    """What only the file and its overrides together must hold."""
+    if config.sharing.mps is not None and config.flags.mps_root is None:
+        raise ConfigError(
+            "flags.mpsRoot",
+            "sharing.mps needs the MPS daemon's root directory here (e.g. /run/nvidia/mps) "
+            "or in MPS_ROOT, got none",
+        )
 
 
 _M = TypeVar("_M")

@@ -103,6 +103,7 @@ _OVERRIDES: Mapping[str, _Override] = {
     "device_id_strategy": _Override("DEVICE_ID_STRATEGY", ("flags", "plugin", "deviceIDStrategy")),
     "nvidia_driver_root": _Override("NVIDIA_DRIVER_ROOT", ("flags", "nvidiaDriverRoot")),
     "nvidia_dev_root": _Override("NVIDIA_DEV_ROOT", ("flags", "nvidiaDevRoot")),
+    "mps_root": _Override("MPS_ROOT", ("flags", "mpsRoot")),
     "cdi_annotation_prefix": _Override(
         "CDI_ANNOTATION_PREFIX", ("flags", "plugin", "cdiAnnotationPrefix")
     ),

@@ -23,6 +23,7 @@ from pathlib import Path
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.log import log_event
 from deviceplugin.model.mps import DaemonSpec
+from deviceplugin.node.mpsshm import prepare_shm
 
 logger = logging.getLogger(__name__)
 
@@ -90,10 +91,12 @@ class MpsControl:
         return out.decode(errors="replace")
 
     async def start(self, spec: DaemonSpec) -> None:
-        """Start the daemon in its directories and tell it its limits."""
+        """Start the daemon in its directories (the shm a tmpfs where it can be, `node.mpsshm`)
+        and tell it its limits."""
         try:
-            for directory in (spec.pipe_dir, spec.log_dir, spec.shm_dir):
+            for directory in (spec.pipe_dir, spec.log_dir):
                 Path(directory).mkdir(parents=True, exist_ok=True)
+            prepare_shm(spec.shm_dir)
         except OSError as exc:
             raise MpsError(
                 f"{spec.resource}: cannot create {exc.filename}: {exc.strerror}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make lint`'s checks of the Helm chart: helm lint and helm template with the default values,
-# with each file of the chart's ci/ folder and with the real cluster's values file, and every
+# with each file of the chart's ci/ folder and with the real cluster's values files, and every
 # rendering validated by kubernetes-validate (strict) for Kubernetes 1.30 to 1.37; renderings
 # with the DRA driver (resource.k8s.io/v1) from 1.34 on. A kind without a schema fails the check
 # rather than passing unvalidated.
@@ -42,6 +42,7 @@ check() {
 
 check defaults "" "${all_versions[@]}"
 check simulated-node "$root/e2e/cluster/values-simulated-node.yaml" "${all_versions[@]}"
+check mps "$root/e2e/cluster/values-mps.yaml" "${all_versions[@]}"
 for values in "$chart"/ci/*-values.yaml; do
     name=$(basename "$values" -values.yaml)
     if grep -q '^dra:' "$values"; then
