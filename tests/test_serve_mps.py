@@ -11,6 +11,7 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from harness import GPU, run, running_plugin
 from test_sim_library import sim_root
 from test_sim_library_dynamic_mig import in_another_process
 
+from deviceplugin.model.allocation import mps_paths
+from deviceplugin.model.mps import DaemonSpec
+from deviceplugin.node.mpsdaemon import COMPUTE_MODE_DEFAULT, MpsControl, MpsDaemons, read_owner
 from deviceplugin.sim.hostroot import MPS_CONTROL
 
 H100_MIB = 81559  # the h100-x8 preset's GPUs
@@ -235,5 +239,47 @@ def test_mps_on_mig_devices_names_the_resource_and_the_last_config_keeps_serving
             )
             assert plugin.kubelet.allocatable(GPU) == before
             assert limits(mps_root) is None, "no daemon for a refused config"
+
+    run(body())
+
+
+def test_a_successor_plugin_adopts_the_daemon_and_the_one_it_replaces_leaves_it(
+    h100_root: Path, mps_root: Path
+) -> None:
+    """A rolling update overlaps two plugins on the node: the new one adopts the daemon the old
+    one told the same limits, and the old one's stop neither quits it nor resets the GPUs."""
+    pipe, log, shm = mps_paths(str(mps_root), GPU)
+    spec = DaemonSpec(GPU, pipe, log, shm, ("GPU-x",), 25, (("0", "20389M"),))
+    control = MpsControl(h100_root / MPS_CONTROL)
+    modes: dict[str, list[tuple[str, int]]] = {"old": [], "new": [], "third": []}
+
+    def recorder(name: str) -> Any:
+        async def set_mode(uuid: str, mode: int) -> None:
+            modes[name].append((uuid, mode))
+
+        return set_mode
+
+    async def body() -> None:
+        old, new = MpsDaemons(recorder("old")), MpsDaemons(recorder("new"))
+        await old.apply({GPU: spec}, control)
+        first = limits(mps_root)
+        assert first is not None and first["activeThreadPercentage"] == 25
+        await new.apply({GPU: spec}, control)
+        assert limits(mps_root) == first  # adopted: the same daemon, not restarted
+        assert read_owner(spec) == {"owner": new.owner, "commands": list(spec.commands())}
+        await old.stop_all()
+        assert await control.healthy(spec) and limits(mps_root) == first
+        assert ("GPU-x", COMPUTE_MODE_DEFAULT) not in modes["old"]
+        # a successor with other limits restarts the daemon rather than adopt it
+        third = MpsDaemons(recorder("third"))
+        await third.apply({GPU: replace(spec, thread_percentage=50)}, control)
+        restarted = limits(mps_root)
+        assert restarted is not None and restarted["pid"] != first["pid"]
+        assert restarted["activeThreadPercentage"] == 50
+        await new.stop_all()  # handed over: the third plugin's daemon keeps serving
+        assert await control.healthy(spec)
+        await third.stop_all()
+        assert limits(mps_root) is None and read_owner(spec) is None
+        assert modes["third"][-1] == ("GPU-x", COMPUTE_MODE_DEFAULT)
 
     run(body())

@@ -10,13 +10,22 @@ stopped. `check` asks each daemon for its thread percentage, as the reference pl
 daemon's health; a daemon that does not answer is down (its resource's devices are Unhealthy,
 `model.mps.with_daemons_down`) and is started again at the next check. Subprocesses run on the
 event loop with a deadline each, so a stuck control program never stalls Allocate.
+
+Two plugin pods overlap on a node during a rolling update (`maxSurge`), and both manage the
+same daemons under mpsRoot. Whoever starts or adopts a daemon writes its mark (`owner.json`
+beside the pipe directory: its own token and the commands it told the daemon). A newcomer finds
+a daemon that answers with the commands it would send and adopts it, rather than restarting it
+under running clients; a plugin whose mark is no longer there leaves the daemon and the compute
+modes alone when it stops, since its successor serves them now.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -120,11 +129,35 @@ class MpsControl:
             log_event(logger, "mps.quit_failed", logging.DEBUG, error=str(exc))
 
 
+OWNER_FILE = "owner.json"
+
+
+def _owner_path(spec: DaemonSpec) -> Path:
+    return Path(spec.pipe_dir).parent / OWNER_FILE
+
+
+def read_owner(spec: DaemonSpec) -> dict[str, object] | None:
+    """The daemon's mark: {"owner": token, "commands": [...]}; None when absent or unreadable."""
+    try:
+        mark = json.loads(_owner_path(spec).read_text())
+    except (OSError, ValueError):
+        return None
+    return mark if isinstance(mark, dict) else None
+
+
+def _write_owner(spec: DaemonSpec, owner: str) -> None:
+    path = _owner_path(spec)
+    scratch = path.with_name(f".{OWNER_FILE}.{owner}")
+    scratch.write_text(json.dumps({"owner": owner, "commands": list(spec.commands())}))
+    scratch.replace(path)  # atomic: the other plugin reads a whole mark or the old one
+
+
 class MpsDaemons:
     """The daemons running for the plan in force, and those that are down."""
 
     def __init__(self, set_compute_mode: SetComputeMode) -> None:
         self._set_compute_mode = set_compute_mode
+        self.owner = secrets.token_hex(16)  # this plugin's mark on the daemons it serves
         self.control: MpsControl | None = None
         self.running: dict[str, DaemonSpec] = {}  # started, whether answering or not
         self.down: dict[str, str] = {}  # resource -> why its daemon does not serve
@@ -168,16 +201,19 @@ class MpsDaemons:
             except DevicePluginError as exc:  # NVML refuses a MIG-enabled GPU's own handle
                 log_event(logger, "mps.compute_mode_failed", logging.WARNING, error=str(exc))
         try:
-            await self.control.quit(spec)  # one left behind by an earlier run of ours
-            await self.control.start(spec)
-        except DevicePluginError as exc:
+            adopted = await self._adopt(spec)
+            if not adopted:
+                await self.control.quit(spec)  # one left behind, told other limits
+                await self.control.start(spec)
+            _write_owner(spec, self.owner)
+        except (DevicePluginError, OSError) as exc:
             self._mark_down(spec.resource, f"MPS control daemon of {spec.resource}: {exc}")
             return
         if self.down.pop(spec.resource, None) is not None:
             log_event(logger, "mps.daemon_recovered", resource=spec.resource)
         log_event(
             logger,
-            "mps.daemon_started",
+            "mps.daemon_adopted" if adopted else "mps.daemon_started",
             resource=spec.resource,
             pipe=spec.pipe_dir,
             gpus=len(spec.gpu_uuids),
@@ -185,11 +221,26 @@ class MpsDaemons:
             pinned_limits=",".join(f"{i}={limit}" for i, limit in spec.pinned_limits),
         )
 
+    async def _adopt(self, spec: DaemonSpec) -> bool:
+        """Whether a daemon already serves `spec` (another plugin's, told the same commands,
+        and answering): then it is kept for its clients."""
+        assert self.control is not None
+        mark = read_owner(spec)
+        if mark is None or mark.get("commands") != list(spec.commands()):
+            return False
+        return await self.control.healthy(spec)
+
     async def _stop(self, name: str, keep: DaemonSpec | None) -> None:
         """Quit `name`'s daemon; its GPUs back to DEFAULT unless `keep` (its successor) or
-        another daemon still runs on them."""
+        another daemon still runs on them. A daemon another plugin has taken over is left to
+        it."""
         spec = self.running.pop(name)
         self.down.pop(name, None)
+        mark = read_owner(spec)
+        if mark is not None and mark.get("owner") != self.owner:
+            log_event(logger, "mps.daemon_handed_over", resource=name)
+            return
+        _owner_path(spec).unlink(missing_ok=True)
         if self.control is not None:
             await self.control.quit(spec)
         still = {uuid for other in self.running.values() for uuid in other.gpu_uuids}
