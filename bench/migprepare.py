@@ -69,6 +69,9 @@ async def prepares(root: Path, mig_mode: MigMode, pick: str) -> list[float]:
     times: list[float] = []
     try:
         await driver.start()
+        if driver.publisher is None:
+            raise RuntimeError("the driver started no publisher")
+        await asyncio.wait_for(driver.publisher.wait_published(), 30)  # every slice, not the first
         await watcher.start()
         await watcher.wait_registered(DRIVER)
         names = [
