@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import cdi, dra, drastart, dynamicmig, preferred, process, scenarios
+from bench import cdi, dra, drastart, dynamicmig, migprepare, preferred, process, scenarios
 from bench.report import Figure, table, write_json
 
 RESULTS = Path(__file__).parent / "results.json"
@@ -31,6 +31,7 @@ GROUPS: list[tuple[str, Group]] = [
     ("large node: preferred allocation over gRPC", scenarios.large_node_figures),
     ("DRA: publishing 64 GPUs x 7 MIG, Prepare and Unprepare", dra.run),
     ("DRA: publishing 8 A100 in dynamic MIG mode", dynamicmig.run),
+    ("DRA: Prepare cutting a dynamic MIG partition", migprepare.run),
     ("CDI: the spec of 64 GPUs x 7 MIG", cdi.run),
 ]
 

@@ -45,8 +45,18 @@ median = statistics.median
 
 def p99(samples: Sequence[float]) -> float:
     """Nearest-rank 99th percentile."""
+    return nearest_rank(samples, 0.99)
+
+
+def p95(samples: Sequence[float]) -> float:
+    """Nearest-rank 95th percentile."""
+    return nearest_rank(samples, 0.95)
+
+
+def nearest_rank(samples: Sequence[float], fraction: float) -> float:
+    """The sample at rank ceil(n * fraction), counting from 1 in ascending order."""
     ordered = sorted(samples)
-    return ordered[max(0, math.ceil(len(ordered) * 0.99) - 1)]
+    return ordered[max(0, math.ceil(len(ordered) * fraction) - 1)]
 
 
 def number(value: float | None, unit: str) -> str:

@@ -316,6 +316,25 @@ def test_capability_files_follow_the_instances(a100: Path) -> None:
     assert not (caps / f"gi{gi_id}").exists()
 
 
+def test_a_change_writes_only_the_capability_files_it_changes(a100: Path) -> None:
+    """Every other instance's access file is left as it was (same inode, same mtime): a commit
+    costs in proportion to what changed, not to every id the driver's table allows."""
+    caps = a100 / CAPABILITIES_DIR
+    before = {p: p.stat() for p in caps.glob("gpu*/mig/**/access")}
+    assert len(before) == 2 * 28  # the preset's 28 MIG devices: a GPU and a compute instance each
+    gpu = emptied(1)
+    gone = {p for p in before if p.is_relative_to(caps / "gpu1")}
+    gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, THREE_G, placement(4, 4))
+    n.nvmlGpuInstanceCreateComputeInstance(gi, CI_FULL)
+    for path, seen in before.items():
+        if path in gone:
+            continue
+        now = path.stat()
+        assert (now.st_ino, now.st_mtime_ns) == (seen.st_ino, seen.st_mtime_ns), path
+    made = set(caps.glob("gpu1/mig/**/access"))
+    assert len(made) == 2  # the new GPU and compute instance
+
+
 def test_sim_root_again_brings_back_the_nodes_layout(tmp_path: Path) -> None:
     """Another process changes the layout (this one keeps no copy of the library loaded, which
     sim-root replaces); sim-root again forgets the change."""

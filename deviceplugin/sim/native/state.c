@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include "sim.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -165,39 +166,81 @@ static void write_text(const char *path, const char *text) {
     close(fd);
 }
 
-/* The capability files of one GPU as its layout now says; the driver's table bounds them. */
-static void sync_capabilities(const sim_gpu *gpu) {
-    char path[PATH_MAX + 64], text[96];
-    for (unsigned gi = 0; gi <= SIM_MAX_GPU_INSTANCE_ID; gi++) {
-        const sim_mig *first = NULL;
-        for (unsigned j = 0; j < gpu->mig_count && !first; j++)
-            if (gpu->migs[j].gi_id == gi) first = &gpu->migs[j];
-        for (unsigned ci = 0; ci <= SIM_MAX_COMPUTE_INSTANCE_ID + 1; ci++) {
-            int leaf = ci <= SIM_MAX_COMPUTE_INSTANCE_ID, wanted = first != NULL;
-            if (leaf) {
-                wanted = 0;
-                for (unsigned j = 0; j < gpu->mig_count; j++)
-                    wanted |= gpu->migs[j].gi_id == gi && gpu->migs[j].ci_id == ci;
-                snprintf(path, sizeof path, "%s/gpu%u/mig/gi%u/ci%u", caps_root, gpu->minor, gi, ci);
-            } else {
-                snprintf(path, sizeof path, "%s/gpu%u/mig/gi%u", caps_root, gpu->minor, gi);
-            }
-            size_t dir = strlen(path);
-            snprintf(path + dir, sizeof path - dir, "/access");
-            if (!wanted) {
-                unlink(path);
-                path[dir] = '\0';
-                rmdir(path); /* only once empty */
-                continue;
-            }
-            unsigned minor = CAP_MINOR(gpu->minor, gi) + (leaf ? 1 + ci : 0);
-            snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor);
-            for (char *c = path + strlen(proc_driver) + 1; (c = strchr(c, '/')); *c++ = '/') {
-                *c = '\0';
-                mkdir(path, 0755);
-            }
-            write_text(path, text);
+/* Whether the layout holds GPU instance `gi` (`ci` < 0) or its compute instance `ci`. */
+static int holds(const sim_gpu *gpu, unsigned gi, long ci) {
+    for (unsigned j = 0; j < gpu->mig_count; j++)
+        if (gpu->migs[j].gi_id == gi && (ci < 0 || gpu->migs[j].ci_id == (unsigned long)ci)) return 1;
+    return 0;
+}
+
+/* The number in a directory entry named `<prefix><n>`, or -1. */
+static long numbered(const struct dirent *entry, const char *prefix) {
+    size_t length = strlen(prefix);
+    char *end;
+    if (strncmp(entry->d_name, prefix, length) != 0 || !entry->d_name[length]) return -1;
+    unsigned long n = strtoul(entry->d_name + length, &end, 10);
+    return *end || n > 0xFFFF ? -1 : (long)n;
+}
+
+/* Remove `path`/access and the directory `path` (only once empty); `path` is left as it was. */
+static void remove_access(char *path) {
+    size_t dir = strlen(path);
+    snprintf(path + dir, PATH_MAX + 64 - dir, "/access");
+    unlink(path);
+    path[dir] = '\0';
+    rmdir(path);
+}
+
+/* `path`/access holding the capability's minor, its directories made, unless it is there. */
+static void ensure_access(char *path, unsigned minor) {
+    char text[96];
+    size_t dir = strlen(path);
+    snprintf(path + dir, PATH_MAX + 64 - dir, "/access");
+    if (access(path, F_OK) != 0) {
+        for (char *c = path + strlen(proc_driver) + 1; (c = strchr(c, '/')); *c++ = '/') {
+            *c = '\0';
+            mkdir(path, 0755);
         }
+        snprintf(text, sizeof text, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor);
+        write_text(path, text);
+    }
+    path[dir] = '\0';
+}
+
+/* The capability files of one GPU as its layout now says. Only what is on disk is read and only
+ * what changed is written (one directory read per GPU and per GPU instance there), so a change
+ * costs in proportion to the instances, not to every id the driver's table allows. */
+static void sync_capabilities(const sim_gpu *gpu) {
+    char path[PATH_MAX + 64];
+    int length = snprintf(path, sizeof path, "%s/gpu%u/mig", caps_root, gpu->minor);
+    DIR *mig = opendir(path);
+    for (struct dirent *entry; mig && (entry = readdir(mig));) {
+        long gi = numbered(entry, "gi");
+        if (gi < 0) continue;
+        snprintf(path + length, sizeof path - length, "/gi%ld", gi);
+        size_t gi_length = strlen(path);
+        DIR *cis = opendir(path);
+        for (struct dirent *leaf; cis && (leaf = readdir(cis));) {
+            long ci = numbered(leaf, "ci");
+            if (ci < 0 || holds(gpu, (unsigned)gi, ci)) continue;
+            snprintf(path + gi_length, sizeof path - gi_length, "/ci%ld", ci);
+            remove_access(path);
+            path[gi_length] = '\0';
+        }
+        if (cis) closedir(cis);
+        if (!holds(gpu, (unsigned)gi, -1)) remove_access(path);
+        path[length] = '\0';
+    }
+    if (mig) closedir(mig);
+    for (unsigned j = 0; j < gpu->mig_count; j++) {
+        const sim_mig *m = &gpu->migs[j];
+        unsigned minor = CAP_MINOR(gpu->minor, m->gi_id);
+        snprintf(path + length, sizeof path - length, "/gi%u", m->gi_id);
+        ensure_access(path, minor);
+        if (!sim_is_device(m)) continue;
+        size_t gi_length = strlen(path);
+        snprintf(path + gi_length, sizeof path - gi_length, "/ci%u", m->ci_id);
+        ensure_access(path, minor + 1 + m->ci_id);
     }
 }
 
