@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.dra import DRIVER, NODE, allocated_claim, write_kubeconfig
+from bench.dra import DRIVER, NODE, allocated_claim
 from bench.report import Figure, median, p95
 from deviceplugin.dra.driver import DraDriver
 from deviceplugin.model.migpartitions import MigMode
@@ -33,6 +33,7 @@ from deviceplugin.sim.hostroot import install_library, lay_out
 from deviceplugin.sim.libbuild import library_path
 from deviceplugin.sim.node import read_node, resolve_node_path
 from deviceplugin.sim.pluginwatcher import PluginWatcher
+from testbed.plugins import write_kubeconfig
 
 DYNAMIC_PRESET = "a100-80gb-x8-dynamic"
 STATIC_PRESET = "a100-80gb-x8-mixed"
