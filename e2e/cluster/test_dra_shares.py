@@ -5,17 +5,24 @@ pinned to one whole 80 GiB GPU of the simulated node by its `uuid`. Checked thro
 (allocation results, the scheduler's reason on a pod it cannot place), inside each container of
 our image (its nvidia-ml-py on the `libnvidia-ml.so.1` the claim's CDI spec mounts: the cap the
 createContainer hook set, seen from the container's own cgroup) and on the host (the simulated
-library's limits file, empty once the pods are gone).
+library's limits file, empty once the pods are gone). Two shares with NVIDIA's opaque MPS config
+share one control daemon on the GPU (docs/dra.md "MPS: one control daemon per device"), checked
+in the containers (the pipe, each claim's limits) and on the host (the daemon's process and pid
+file under the driver's plugin directory, the GPU's compute mode through the simulated NVML).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from deviceplugin.sim.hostroot import LIBRARY_DIR
 from deviceplugin.sim.node import read_node, resolve_node_path
 from e2e.cluster.kube import (
     REPO,
@@ -32,6 +39,7 @@ from e2e.cluster.kube import (
 )
 from e2e.cluster.test_dra import (
     DRIVER,
+    DRIVER_ROOT,
     attribute,
     cdi_spec_of,
     claim_uid,
@@ -54,8 +62,9 @@ MEMORY_TOTAL = (
 )
 
 
-def template(name: str, memory: str | None) -> Obj:
-    """A claim template for the pinned GPU, asking `memory` of it (None: no capacity)."""
+def template(name: str, memory: str | None, mps: Obj | None = None) -> Obj:
+    """A claim template for the pinned GPU, asking `memory` of it (None: no capacity), with
+    NVIDIA's opaque GpuConfig sharing it through MPS with `mps` as its mpsConfig."""
     exactly: Obj = {
         "deviceClassName": "gpu-shared.nvidia.com",
         "selectors": [
@@ -64,11 +73,21 @@ def template(name: str, memory: str | None) -> Obj:
     }
     if memory is not None:
         exactly["capacity"] = {"requests": {"memory": memory}}
+    devices: Obj = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if mps is not None:
+        parameters = {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "GpuConfig",
+            "sharing": {"strategy": "MPS", "mpsConfig": mps},
+        }
+        devices["config"] = [
+            {"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}
+        ]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}},
+        "spec": {"spec": {"devices": devices}},
     }
 
 
@@ -145,6 +164,20 @@ def shares_driver() -> Iterator[None]:
     )
     apply(template("share-20gi", "20Gi"))
     apply(template("whole-gpu", None))
+    apply(
+        template(
+            "mps-half",
+            "20Gi",
+            {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"},
+        )
+    )
+    apply(
+        template(
+            "mps-quarter",
+            "20Gi",
+            {"defaultActiveThreadPercentage": 25, "defaultPinnedDeviceMemoryLimit": "5Gi"},
+        )
+    )
     yield
     kubectl("delete", "pod", "-n", "default", "-l", LABEL, "--wait=true", "--timeout=120s")
     kubectl("delete", "-k", str(OVERLAY), "--wait=true", "--timeout=120s", check=False)
@@ -195,3 +228,95 @@ def test_a_claim_asking_no_capacity_gets_the_gpu_alone() -> None:
     assert memory_seen("beside-whole") == 20 * GIB
     delete_pods()
     assert limits_left() == []
+
+
+# What a container of an MPS claim sees: its MPS variables, and whether the pipe directory they
+# name holds the daemon's control socket and pid file (mounted from the daemon's home).
+MPS_SEEN = (
+    "import json, os, stat; pipe = os.environ.get('CUDA_MPS_PIPE_DIRECTORY', '');"
+    " socket = os.path.join(pipe, 'control');"
+    " pid = os.path.join(pipe, 'nvidia-cuda-mps-control.pid');"
+    " print(json.dumps({'env': {k: v for k, v in os.environ.items() if k.startswith('CUDA_MPS_')},"
+    " 'socket': os.path.exists(socket) and stat.S_ISSOCK(os.stat(socket).st_mode),"
+    " 'pid': open(pid).read().strip() if os.path.exists(pid) else None}))"
+)
+MPS_HOMES = Path("/var/lib/kubelet/plugins") / DRIVER / "mps"
+DAEMON = b"nvidia-cuda-mps-control"
+EXCLUSIVE_PROCESS, DEFAULT = 3, 0
+
+
+def mps_seen(pod_name: str) -> Obj:
+    seen: Obj = json.loads(exec_in(pod_name, "python", "-c", MPS_SEEN))
+    return seen
+
+
+def daemons_on(pipe_dir: Path) -> list[int]:
+    """The host pids of the control daemons (`-d`) serving `pipe_dir`, from /proc."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue  # not a process, or one that exited
+        serving = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in environ
+        if argv[0].endswith(DAEMON) and b"-d" in argv[1:] and serving:
+            found.append(int(proc.name))
+    return found
+
+
+def namespace_pid(host_pid: int) -> int:
+    """The pid a host process has in its own (the driver container's) pid namespace."""
+    status = Path(f"/proc/{host_pid}/status").read_text()
+    (line,) = (ln for ln in status.splitlines() if ln.startswith("NSpid:"))
+    return int(line.split()[-1])
+
+
+def compute_mode() -> int:
+    """The pinned GPU's compute mode, read by nvidia-ml-py in a fresh process on the host from
+    the simulated node's library."""
+    library = DRIVER_ROOT / LIBRARY_DIR / "libnvidia-ml.so.1"
+    script = (
+        f"import ctypes, os, sys, pynvml as n; ctypes.CDLL({str(library)!r}, mode=os.RTLD_GLOBAL);"
+        " n.nvmlInit(); print(n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByUUID(sys.argv[1])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, GPU.uuid], capture_output=True, text=True, check=True
+    )
+    return int(done.stdout)
+
+
+def test_two_mps_claims_on_one_gpu_share_one_daemon_each_with_its_limits() -> None:
+    half = start(share_pod("mps-half", "mps-half"))
+    quarter = start(share_pod("mps-quarter", "mps-quarter"))
+    device = pinned_device()["name"]
+    assert {result_of(half)["device"], result_of(quarter)["device"]} == {device}
+    assert result_of(half)["shareID"] != result_of(quarter)["shareID"]
+
+    seen = {name: mps_seen(name) for name in (half, quarter)}
+    assert seen[half]["env"] == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M",
+    }, seen
+    assert seen[quarter]["env"] == {
+        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=5120M",
+    }, seen
+    assert seen[half]["socket"] and seen[quarter]["socket"], seen
+
+    # One daemon on the host for the GPU, the one whose pid both containers read.
+    assert sorted(p.name for p in MPS_HOMES.iterdir()) == [device]
+    pipe = MPS_HOMES / device / "pipe"
+    (daemon,) = daemons_on(pipe)
+    assert seen[half]["pid"] == seen[quarter]["pid"] == str(namespace_pid(daemon)), seen
+    assert compute_mode() == EXCLUSIVE_PROCESS
+
+    delete_pods(half)
+    assert daemons_on(pipe) == [daemon], "the daemon stays while a claim on the GPU uses it"
+    assert compute_mode() == EXCLUSIVE_PROCESS
+    delete_pods(quarter)
+    wait_until("the daemon gone after the last Unprepare", lambda: not daemons_on(pipe))
+    assert not (MPS_HOMES / device).exists()
+    assert compute_mode() == DEFAULT
