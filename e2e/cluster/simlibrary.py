@@ -52,13 +52,25 @@ print(json.dumps(found))
 
 def mig_instances(driver_root: Path) -> list[dict[str, Any]]:
     """Every GPU instance the library under `driver_root` holds, as `_READ` describes them."""
+    found: list[dict[str, Any]] = json.loads(_run(driver_root, "import json", _READ))
+    return found
+
+
+def compute_mode(driver_root: Path, uuid: str) -> int:
+    """The compute mode the library under `driver_root` holds for the GPU `uuid`."""
+    line = f"print(n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByUUID({uuid!r})))"
+    return int(_run(driver_root, line))
+
+
+def _run(driver_root: Path, *lines: str) -> str:
+    """The output of `lines`, run by a fresh Python with nvidia-ml-py (`n`) on the library."""
     library = driver_root / LIBRARY_DIR / "libnvidia-ml.so.1"
     script = "\n".join(
         (
-            "import ctypes, json, os, pynvml as n",
+            "import ctypes, os, pynvml as n",
             f"ctypes.CDLL({str(library)!r}, mode=os.RTLD_GLOBAL)",
             "n.nvmlInit()",
-            _READ,
+            *lines,
         )
     )
     done = subprocess.run(
@@ -66,5 +78,4 @@ def mig_instances(driver_root: Path) -> list[dict[str, Any]]:
     )
     if done.returncode != 0:
         raise RuntimeError(f"reading {library} with nvidia-ml-py: {done.stderr.strip()}")
-    found: list[dict[str, Any]] = json.loads(done.stdout)
-    return found
+    return done.stdout

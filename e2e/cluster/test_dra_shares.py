@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from deviceplugin.sim.hostroot import LIBRARY_DIR
 from deviceplugin.sim.node import read_node, resolve_node_path
 from e2e.cluster.kube import (
     REPO,
@@ -37,6 +34,7 @@ from e2e.cluster.kube import (
     unschedulable_reason,
     wait_until,
 )
+from e2e.cluster.simlibrary import compute_mode
 from e2e.cluster.test_dra import (
     DRIVER,
     DRIVER_ROOT,
@@ -272,20 +270,6 @@ def namespace_pid(host_pid: int) -> int:
     return int(line.split()[-1])
 
 
-def compute_mode() -> int:
-    """The pinned GPU's compute mode, read by nvidia-ml-py in a fresh process on the host from
-    the simulated node's library."""
-    library = DRIVER_ROOT / LIBRARY_DIR / "libnvidia-ml.so.1"
-    script = (
-        f"import ctypes, os, sys, pynvml as n; ctypes.CDLL({str(library)!r}, mode=os.RTLD_GLOBAL);"
-        " n.nvmlInit(); print(n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByUUID(sys.argv[1])))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, GPU.uuid], capture_output=True, text=True, check=True
-    )
-    return int(done.stdout)
-
-
 def test_two_mps_claims_on_one_gpu_share_one_daemon_each_with_its_limits() -> None:
     half = start(share_pod("mps-half", "mps-half"))
     quarter = start(share_pod("mps-quarter", "mps-quarter"))
@@ -311,12 +295,12 @@ def test_two_mps_claims_on_one_gpu_share_one_daemon_each_with_its_limits() -> No
     pipe = MPS_HOMES / device / "pipe"
     (daemon,) = daemons_on(pipe)
     assert seen[half]["pid"] == seen[quarter]["pid"] == str(namespace_pid(daemon)), seen
-    assert compute_mode() == EXCLUSIVE_PROCESS
+    assert compute_mode(DRIVER_ROOT, GPU.uuid) == EXCLUSIVE_PROCESS
 
     delete_pods(half)
     assert daemons_on(pipe) == [daemon], "the daemon stays while a claim on the GPU uses it"
-    assert compute_mode() == EXCLUSIVE_PROCESS
+    assert compute_mode(DRIVER_ROOT, GPU.uuid) == EXCLUSIVE_PROCESS
     delete_pods(quarter)
     wait_until("the daemon gone after the last Unprepare", lambda: not daemons_on(pipe))
     assert not (MPS_HOMES / device).exists()
-    assert compute_mode() == DEFAULT
+    assert compute_mode(DRIVER_ROOT, GPU.uuid) == DEFAULT
