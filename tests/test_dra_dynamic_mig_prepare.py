@@ -53,7 +53,8 @@ ONE_G_AT_0 = "gpu-0-mig-1g10gb-19-0"
 # GPU 0's GPU instances as (profile id, start, size), its MIG device UUIDs and MIG mode.
 READ_BACK = """
 found, seen = [], set()
-for enum in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
+mode = n.nvmlDeviceGetMigMode(gpu)[0]
+for enum in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT if mode else 0):
     try:
         info = n.nvmlDeviceGetGpuInstanceProfileInfo(gpu, enum)
     except n.NVMLError:
@@ -68,12 +69,12 @@ for enum in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
         i = n.nvmlGpuInstanceGetInfo(gi)
         found.append([i.profileId, i.placement.start, i.placement.size])
 migs = []
-for index in range(n.nvmlDeviceGetMaxMigDeviceCount(gpu)):
+for index in range(n.nvmlDeviceGetMaxMigDeviceCount(gpu) if mode else 0):
     try:
         migs.append(n.nvmlDeviceGetUUID(n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, index)))
     except n.NVMLError_NotFound:
         pass
-print(json.dumps({"gis": sorted(found), "migs": migs, "mode": n.nvmlDeviceGetMigMode(gpu)[0]}))
+print(json.dumps({"gis": sorted(found), "migs": migs, "mode": mode}))
 """
 
 # A foreign 1g.10gb at start 0 with its compute instance, as an operator's nvidia-smi makes it.
@@ -155,6 +156,29 @@ def test_prepare_cuts_exactly_the_chosen_placement_and_unprepare_removes_it() ->
             after = read_back(root)
             assert after == {"gis": [], "migs": [], "mode": 1}  # MIG mode was on: left on
             assert list(node.cdi_dir.glob("*.json")) == []
+
+    run(body)
+
+
+def test_on_hopper_prepare_turns_mig_mode_on_and_unprepare_turns_it_off_again() -> None:
+    """An H100 with MIG mode off is cut all the same: the mode takes effect at once on Hopper,
+    so Prepare turns it on, and the Unprepare that leaves no instance turns it off again."""
+
+    async def body() -> None:
+        async with running_driver("h100-x8", library=True, mig_mode="dynamic") as node:
+            root = driver_root(node)
+            assert read_back(root) == {"gis": [], "migs": [], "mode": 0}
+            first = node.add_claim(claim("hopper-a", [("mig", ONE_G_AT_0)]))
+            second = node.add_claim(claim("hopper-b", [("mig", "gpu-0-mig-1g10gb-19-1")]))
+            done = await node.watcher.prepare(DRIVER, [first, second])
+            assert [done.claims[r[2]].error for r in (first, second)] == ["", ""]
+            held = read_back(root)
+            assert held["mode"] == 1 and held["gis"] == [[19, 0, 1], [19, 1, 1]]
+            await node.watcher.unprepare(DRIVER, [first])
+            assert read_back(root)["mode"] == 1  # an instance is left: the mode stays on
+            undone = await node.watcher.unprepare(DRIVER, [second])
+            assert undone.claims[second[2]].error == ""
+            assert read_back(root) == {"gis": [], "migs": [], "mode": 0}
 
     run(body)
 

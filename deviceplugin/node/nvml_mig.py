@@ -129,10 +129,13 @@ class MigControl:
             nvml.nvmlDeviceSetMigMode(nvml.nvmlDeviceGetHandleByUUID(uuid), mode)
 
     def gpu_instances(self, uuid: str) -> list[GpuInstance]:
-        """Every GPU instance on the GPU, by id."""
+        """Every GPU instance on the GPU, by id; none while its MIG mode is off (NVML refuses
+        to list them then)."""
         found = []
         with self._calls(f"{uuid}: listing its GPU instances") as nvml:
             handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+            if int(nvml.nvmlDeviceGetMigMode(handle)[0]) == 0:
+                return []
             for profile_id, count in _gi_profiles(nvml, handle):
                 buffer = (nvml.c_nvmlGpuInstance_t * count)()
                 got = ctypes.c_uint(count)
