@@ -167,6 +167,28 @@ def allocated_claim(name: str, device: str) -> dict[str, object]:
     }
 
 
+ClaimRef = tuple[str, str, str]  # namespace, name, uid: what the kubelet sends
+
+
+async def prepare_each(
+    server: ApiServer, watcher: PluginWatcher, names: list[str], label: str
+) -> tuple[list[ClaimRef], list[float]]:
+    """A new claim allocated each of `names` (named `<label>-<n>`), each prepared alone: the
+    claims, and the seconds each Prepare took. RuntimeError when one fails."""
+    refs: list[ClaimRef] = []
+    for n, device in enumerate(names):
+        meta = server.add_claim(allocated_claim(f"{label}-{n}", device))["metadata"]
+        refs.append(("bench", meta["name"], meta["uid"]))
+    times = []
+    for ref in refs:
+        started = time.perf_counter()
+        answer = await watcher.prepare(DRIVER, [ref])
+        times.append(time.perf_counter() - started)
+        if answer.claims[ref[2]].error:
+            raise RuntimeError(f"Prepare failed: {answer.claims[ref[2]].error}")
+    return refs, times
+
+
 async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
     """Seconds per Prepare of a new claim, per repeated Prepare, per Unprepare."""
     server = ApiServer()
@@ -189,16 +211,8 @@ async def _prepare(root: Path) -> tuple[list[float], list[float], list[float]]:
         await watcher.wait_registered(DRIVER)
         names = [d["name"] for s in server.slices.values() for d in s["spec"]["devices"]]
         for round_ in range(PREPARE_ROUNDS):
-            refs = []
-            for n, device in enumerate(names):
-                meta = server.add_claim(allocated_claim(f"c{round_}-{n}", device))["metadata"]
-                refs.append(("bench", meta["name"], meta["uid"]))
-            for ref in refs:
-                started = time.perf_counter()
-                answer = await watcher.prepare(DRIVER, [ref])
-                fresh.append(time.perf_counter() - started)
-                if answer.claims[ref[2]].error:
-                    raise RuntimeError(f"Prepare failed: {answer.claims[ref[2]].error}")
+            refs, times = await prepare_each(server, watcher, names, f"c{round_}")
+            fresh.extend(times)
             for ref in refs:
                 started = time.perf_counter()
                 await watcher.prepare(DRIVER, [ref])

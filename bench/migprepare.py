@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-import time
 from pathlib import Path
 
-from bench.dra import DRIVER, NODE, allocated_claim
+from bench.dra import DRIVER, NODE, prepare_each
 from bench.report import Figure, median, p95
 from deviceplugin.dra.driver import DraDriver
 from deviceplugin.model.migpartitions import MigMode
@@ -84,16 +83,8 @@ async def prepares(root: Path, mig_mode: MigMode, pick: str) -> list[float]:
         if not names:
             raise RuntimeError(f"no published device of {preset} names {pick!r}")
         for round_ in range(ROUNDS):
-            refs = []
-            for n, device in enumerate(names):
-                meta = server.add_claim(allocated_claim(f"c{round_}-{n}", device))["metadata"]
-                refs.append(("bench", meta["name"], meta["uid"]))
-            for ref in refs:
-                started = time.perf_counter()
-                answer = await watcher.prepare(DRIVER, [ref])
-                times.append(time.perf_counter() - started)
-                if answer.claims[ref[2]].error:
-                    raise RuntimeError(f"Prepare failed: {answer.claims[ref[2]].error}")
+            refs, took = await prepare_each(server, watcher, names, f"c{round_}")
+            times.extend(took)
             for ref in refs:
                 answer = await watcher.unprepare(DRIVER, [ref])
                 if answer.claims[ref[2]].error:
