@@ -97,3 +97,28 @@ def test_not_root_keeps_the_directory(tmp_path: Path) -> None:
     done = prepare(tmp_path / "shm")
     assert "not running as root" in done.stderr
     assert (tmp_path / "shm").is_dir()
+
+
+RELEASE = """
+import os, shutil, sys
+from deviceplugin.node.mpsshm import prepare_shm, release_shm
+path = sys.argv[1]
+prepare_shm(path)
+mounted = os.path.ismount(path)
+release_shm(path)
+release_shm(path)  # nothing mounted: nothing to do
+shutil.rmtree(os.path.dirname(path))
+print(mounted, os.path.ismount(path), os.path.exists(path))
+"""
+
+
+@root_only
+def test_a_released_shm_is_unmounted_so_its_directory_can_go(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    done = subprocess.run(
+        [*SHARED, str(tmp_path), sys.executable, "-c", RELEASE, str(home / "shm")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.split() == ["True", "False", "False"], done.stderr

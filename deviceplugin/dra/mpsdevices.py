@@ -40,6 +40,7 @@ from deviceplugin.node.mpsdaemon import (
     MpsError,
     control_program,
 )
+from deviceplugin.node.mpsshm import release_shm
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +177,7 @@ class MpsDevices:
                     device=device,
                     error=str(err),
                 )
+        await asyncio.to_thread(release_shm, spec.shm_dir)
         await asyncio.to_thread(shutil.rmtree, self.root / device, True)
         log_event(logger, "dra.mps.daemon_stopped", device=device)
 

@@ -20,6 +20,7 @@ from deviceplugin.model.log import log_event
 logger = logging.getLogger(__name__)
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MNT_DETACH = 2  # lazily: a client still mapping it keeps its memory until it lets go
 FALLBACK_SIZE = "65536k"  # the reference's, when /proc/meminfo says nothing
 
 
@@ -36,6 +37,17 @@ def prepare_shm(path: str) -> None:
         log_event(logger, "mps.shm_mounted", path=path, size=_size())
     else:
         log_event(logger, "mps.shm_not_tmpfs", logging.WARNING, path=path, reason=why)
+
+
+def release_shm(path: str) -> None:
+    """Unmount the tmpfs on `path`, whose directory is about to be removed: left mounted, it
+    would outlive the directory's removal (rmdir fails on a mount point) and hold its memory."""
+    if not os.path.ismount(path):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(path.encode(), MNT_DETACH) != 0:
+        error = os.strerror(ctypes.get_errno())
+        log_event(logger, "mps.shm_unmount_failed", logging.WARNING, path=path, error=error)
 
 
 def _why_not_tmpfs(directory: Path) -> str | None:
