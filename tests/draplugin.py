@@ -196,13 +196,18 @@ class Node:
         return meta["namespace"], meta["name"], meta["uid"]
 
     async def restart(self) -> None:
-        """Stop the driver (sockets removed) and start a new one with the same settings."""
+        """Stop the driver (sockets removed) and start a new one with the same settings; with the
+        watcher running, return once it has registered the new one, so that the calls that
+        follow reach it and not the channel of the old one, closed at the watcher's next poll."""
+        previous = self.watcher.plugins.get(DRIVER)
         await self.driver.stop()
         self.stopped.append(self.driver)
         self.driver = DraDriver(self.settings, simulator=simulator_for(self.settings.simulate))
         await self.driver.start()
         if self.driver.publisher is not None:
             await asyncio.wait_for(self.driver.publisher.wait_published(), 30)
+        if self.watcher.watching and self.driver.dra is not None:
+            await self.watcher.wait_registered(DRIVER, 30, replacing=previous)
 
     async def synced(self) -> None:
         """Wait until the publisher's task has written the newest state."""

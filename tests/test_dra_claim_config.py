@@ -76,7 +76,6 @@ def test_time_slicing_reaches_the_cdi_device_and_the_checkpoint_and_survives_a_r
             assert device["sharing"] == "TimeSlicing" and device["timeSliceInterval"] == "Short"
 
             await node.restart()
-            await node.watcher.wait_registered(DRIVER)
             assert node.driver.preparer is not None
             (prepared,) = node.driver.preparer.prepared[uid].devices
             assert (prepared.sharing, prepared.interval) == ("TimeSlicing", "Short")

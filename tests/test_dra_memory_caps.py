@@ -105,7 +105,6 @@ def test_a_share_is_capped_by_the_hook_and_cleared_at_unprepare() -> None:
             assert cap(node) == 20 * GIB
             assert len(list((plugin_dir / RECORDS_DIR).iterdir())) == 1
             await node.restart()  # the records outlive the driver
-            await node.watcher.wait_registered(DRIVER)
             await node.watcher.unprepare(DRIVER, [ref])
             assert cap(node) is None
             assert list((plugin_dir / RECORDS_DIR).iterdir()) == []

@@ -240,7 +240,6 @@ def test_a_restart_reattaches_a_live_daemon_restarts_a_dead_one_and_stops_an_orp
             assert not answers(node, OTHER_NAME)
             assert not orphan.exists()
             assert compute_mode(node, OTHER.index) == DEFAULT
-            await node.watcher.wait_registered(DRIVER)
             await node.watcher.unprepare(DRIVER, [ref])
             assert not answers(node, WHOLE)
 

@@ -152,7 +152,6 @@ def test_a_prepared_claim_survives_a_restart_and_unprepares_after_it() -> None:
             assert checkpoint["data"]["claims"][uid]["state"] == "PrepareCompleted"
 
             await node.restart()
-            await node.watcher.wait_registered(DRIVER)
             await node.until(lambda: len(node.watcher.attempts) == 2)
             reads = len([r for r in node.server.requests if "resourceclaims" in r[1]])
             again = await node.watcher.prepare(DRIVER, [ref])

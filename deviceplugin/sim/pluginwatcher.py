@@ -153,9 +153,22 @@ class PluginWatcher:
             await _close(plugin)
         self.plugins.clear()
 
-    async def wait_registered(self, driver: str, timeout: float = 5.0) -> Plugin:
-        """The plugin once `driver` is registered; TimeoutError otherwise."""
-        await self._wait(lambda: driver in self.plugins, timeout)
+    @property
+    def watching(self) -> bool:
+        return self._task is not None
+
+    async def wait_registered(
+        self, driver: str, timeout: float = 5.0, replacing: Plugin | None = None
+    ) -> Plugin:
+        """The plugin once `driver` is registered by another instance than `replacing` (the one
+        a restart stopped: until a poll sees its socket go, it stays registered, and a call on
+        its channel is cancelled when that poll closes it); TimeoutError otherwise."""
+
+        def registered() -> bool:
+            plugin = self.plugins.get(driver)
+            return plugin is not None and plugin is not replacing
+
+        await self._wait(registered, timeout)
         return self.plugins[driver]
 
     async def wait_deregistered(self, driver: str, timeout: float = 5.0) -> None:
