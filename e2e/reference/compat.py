@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from deviceplugin.node.mpsshm import release_shm
 from e2e.reference.advertised import Advertised, MpsNode, advertised, in_turn
 from e2e.reference.known import Difference, explain
 from e2e.reference.mpsstate import after_stop
@@ -223,6 +224,8 @@ async def run_case(case: Case, binaries: Path, work: Path, roots: dict[str, Path
     answers = await in_turn(
         binaries, root, config, work, observe, mps_root=mps_root, stopped=stopped
     )
+    if mps_root is not None:  # run as root, our serve made its shm a tmpfs: not left behind
+        release_shm(str(mps_root / "shm"))
     for name, state in left.items():
         if answers[name].mps:
             answers[name].mps["afterStop"] = state
