@@ -136,17 +136,27 @@ def delete_workloads() -> None:
     kubectl("delete", "pod", "-n", "default", "-l", "e2e=workload", "--wait=true", "--timeout=120s")
 
 
+def _daemon_pods(label: str) -> list[Obj]:
+    pods: list[Obj] = get("pods", "-n", "kube-system", "-l", label)["items"]
+    return pods
+
+
 def daemon_pod(label: str) -> Obj:
-    """The one pod of a DaemonSet in kube-system, by its label selector."""
-    pods = get("pods", "-n", "kube-system", "-l", label)["items"]
+    """The one pod of a DaemonSet in kube-system, by its label selector; a pod being deleted
+    (a DaemonSet's pod outliving its deleted DaemonSet for a while) is not it."""
+    pods = [p for p in _daemon_pods(label) if not p["metadata"].get("deletionTimestamp")]
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     found: Obj = pods[0]
     return found
 
 
 def daemon_ready(label: str) -> str | None:
-    """The DaemonSet pod's name once all its containers are Ready."""
-    found = daemon_pod(label)
+    """The DaemonSet pod's name once all its containers are Ready, and no earlier pod of that
+    label is still stopping beside it (two drivers of one name would share its sockets)."""
+    pods = _daemon_pods(label)
+    if len(pods) != 1 or pods[0]["metadata"].get("deletionTimestamp"):
+        return None
+    found = pods[0]
     statuses = found["status"].get("containerStatuses", [])
     ready = statuses and all(s["ready"] for s in statuses)
     return str(found["metadata"]["name"]) if ready else None
