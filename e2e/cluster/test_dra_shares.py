@@ -161,7 +161,7 @@ def shares_driver() -> Iterator[None]:
         "the GPU published shareable", lambda: pinned_device().get("allowMultipleAllocations")
     )
     apply(template("share-20gi", "20Gi"))
-    apply(template("whole-gpu", None))
+    apply(template("share-whole-gpu", None))
     apply(
         template(
             "mps-half",
@@ -214,7 +214,7 @@ def test_four_20gi_shares_fill_the_gpu_each_capped_and_a_fifth_waits_for_one() -
 
 
 def test_a_claim_asking_no_capacity_gets_the_gpu_alone() -> None:
-    whole = start(share_pod("whole", "whole-gpu"))
+    whole = start(share_pod("whole", "share-whole-gpu"))
     assert result_of(whole)["consumedCapacity"]["memory"] == "80Gi"
     assert memory_seen(whole) == 80 * GIB
     apply(share_pod("beside-whole", "share-20gi"))
