@@ -89,12 +89,15 @@ def test_the_shares_overlay_turns_sharing_on_over_the_simulated_node() -> None:
     daemonset = yaml.safe_load((overlay / patch["path"]).read_text())
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert {"name": GPU_SHARING_ENV, "value": "memory"} in container["env"]
-    # Unprepare's clear writes the simulated library's state: writable under a read-only node.
+    # Unprepare's clear writes the simulated library's state: the base overlay has it writable
+    # under the read-only node.
     state = "/var/lib/deviceplugin-sim/root/etc/deviceplugin-sim"
-    (mount,) = container["volumeMounts"]
-    assert mount["mountPath"] == state and not mount.get("readOnly")
-    (volume,) = daemonset["spec"]["template"]["spec"]["volumes"]
-    assert volume["name"] == mount["name"] and volume["hostPath"]["path"] == state
+    base_patch = ROOT / "manifests" / "overlays" / "simulated-node-dra" / "simulated-node.yaml"
+    spec = yaml.safe_load(base_patch.read_text())["spec"]["template"]["spec"]
+    (mount,) = (m for m in spec["containers"][0]["volumeMounts"] if m["mountPath"] == state)
+    assert not mount.get("readOnly")
+    (volume,) = (v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["hostPath"]["path"] == state
     base = yaml.safe_load((ROOT / "manifests" / "dra" / "Kustomization").read_text())
     assert "deviceclasses-shares.yaml" in base["resources"]
 
