@@ -20,7 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from testbed.process import Child
@@ -280,6 +280,13 @@ def _deviceplugin() -> list[str]:
 
 DRA_PLUGIN_DIR = Path("/var/lib/kubelet/plugins/gpu.nvidia.com")
 DRA_EXECUTABLE = "gpu-kubelet-plugin"
+# Where NVIDIA's DRA driver reads its templates (a constant in its code, its image's folder).
+MPS_TEMPLATES_AT = Path("/templates")
+
+
+def dra_templates(binaries: Path) -> Path:
+    """NVIDIA's DRA driver's pod templates, put beside its binaries by build.sh."""
+    return binaries.parent / "templates"
 
 
 def hand_over_dra_checkpoint(plugin_dir: Path = DRA_PLUGIN_DIR) -> None:
@@ -310,6 +317,9 @@ def dra_driver(
     log: Path,
     kubelet_root: Path | None = None,
     flags: Sequence[str] = (),
+    image: str = "unused:none",
+    templates: Path | None = None,
+    bidirectional: Path | None = None,
 ) -> Child:
     """NVIDIA's DRA kubelet plugin on driver root `root`, for node `node_name` of the cluster in
     `kubeconfig`, registering with the real kubelet (/var/lib/kubelet/plugins_registry), or
@@ -317,18 +327,29 @@ def dra_driver(
     `dra serve --kubelet-root` uses them), with `flags` added (`--feature-gates=...`). It
     reads /proc/driver/nvidia/capabilities and the nvidia-caps major in /proc/devices from the
     host's /proc: a private mount namespace shows it the driver root's, bound, so the
-    capability files of MIG instances cut later appear too."""
+    capability files of MIG instances cut later appear too.
+
+    `image` is what its pods' templates name (an MPS claim's control-daemon Deployment runs
+    it); `templates`, a folder holding NVIDIA's `mps-control-daemon.tmpl.yaml`, is bound at
+    the fixed path its image has them at, /templates, which must exist (MPS_TEMPLATES_AT).
+    `bidirectional`, a mount shared with the host (`shared_mount`), stays shared in the
+    driver's namespace, as its DaemonSet's Bidirectional mount of the plugin folder does: what
+    it mounts there (an MPS claim's shm tmpfs) reaches the host and the containers. Only the
+    root and /proc are made private then; everything else keeps the host's propagation."""
+    bind_templates = ['mount --bind "$TEMPLATES" ' + str(MPS_TEMPLATES_AT)] if templates else []
+    private = ["mount --make-private /", "mount --make-rprivate /proc"]
     script = "\n".join(
         [
             "set -e",
-            "mount --make-rprivate /",
+            *(private if bidirectional else ["mount --make-rprivate /"]),
             # Bound, not copied: the simulated library adds a MIG instance's capability
             # files there as it cuts one, as the kernel module does under /proc.
             'mount --bind "$DRIVER_ROOT/proc/driver" /proc/driver',
             'mount --bind "$DRIVER_ROOT/proc/devices" /proc/devices',
+            *bind_templates,
             'exec "$PLUGIN" --node-name "$NODE_NAME" --kubeconfig "$KUBECONFIG"'
             ' --nvidia-driver-root "$DRIVER_ROOT" --container-driver-root "$DRIVER_ROOT"'
-            ' --cdi-root "$CDI_ROOT" --nvidia-cdi-hook-path "$HOOK" --image-name unused:none'
+            ' --cdi-root "$CDI_ROOT" --nvidia-cdi-hook-path "$HOOK" --image-name "$IMAGE"'
             ' "$@"',
         ]
     )
@@ -343,6 +364,23 @@ def dra_driver(
         "NODE_NAME": node_name,
         "KUBECONFIG": str(kubeconfig),
         "CDI_ROOT": str(cdi_dir),
+        "IMAGE": image,
+        "TEMPLATES": str(templates or ""),
     }
-    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *extra]
+    propagation = "unchanged" if bidirectional else "private"
+    argv = ["unshare", "--mount", "--propagation", propagation, "sh", "-c", script, "sh", *extra]
     return Child(argv, log, env)
+
+
+@contextlib.contextmanager
+def shared_mount(path: Path) -> Iterator[Path]:
+    """`path` bound on itself and made shared on the host while the block runs, so that a
+    driver given it as `bidirectional` mounts there for the host to see; unmounted after, with
+    whatever is still mounted under it."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "--bind", str(path), str(path)], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", str(path)], check=True)
+        yield path
+    finally:
+        subprocess.run(["umount", "--recursive", str(path)], check=True)

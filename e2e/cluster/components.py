@@ -68,6 +68,9 @@ def components(bin_dir: Path) -> dict[str, Component]:
                     "--service-account-issuer=https://kubernetes.default.svc",
                     "--authorization-mode=Node,RBAC",
                     "--enable-admission-plugins=NodeRestriction",
+                    # As kubeadm's: NVIDIA's DRA driver runs an MPS claim's control daemon
+                    # as a privileged pod (test_reference_dra_mps.py). Ours run unprivileged.
+                    "--allow-privileged=true",
                     # v1 is served by default; the betas too, so that objects written for them
                     # apply unchanged.
                     "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",

@@ -62,6 +62,13 @@ def compute_mode(driver_root: Path, uuid: str) -> int:
     return int(_run(driver_root, line))
 
 
+def set_compute_mode(driver_root: Path, uuid: str, mode: int) -> None:
+    """Set the compute mode of the GPU `uuid` in the library under `driver_root`, as an NVML
+    client does."""
+    handle = f"n.nvmlDeviceGetHandleByUUID({uuid!r})"
+    _run(driver_root, f"n.nvmlDeviceSetComputeMode({handle}, {mode})")
+
+
 def _run(driver_root: Path, *lines: str) -> str:
     """The output of `lines`, run by a fresh Python with nvidia-ml-py (`n`) on the library."""
     library = driver_root / LIBRARY_DIR / "libnvidia-ml.so.1"

@@ -10,6 +10,8 @@
 #   bin/gpu-kubelet-plugin     NVIDIA's DRA kubelet plugin (dra-driver/go.mod)
 #   bin/nvidia-ctk             the container toolkit's CLI (nvidia-ctk/go.mod)
 #   bin/nvidia-cdi-hook        its CDI hook, which the DRA kubelet plugin insists on (the same)
+#   templates/                 the DRA kubelet plugin's pod templates (its image has them at
+#                              /templates; an MPS claim's daemon is made from one), as pinned
 #
 # Each has a go.mod of its own, so each is built with the dependency versions its own project
 # pins (one shared module would let Go's version selection mix them). The folder is keyed by a
@@ -64,4 +66,12 @@ for component in "${components[@]}"; do
     mv "$bin/$name.tmp" "$bin/$name"
     log "$name $version: $(( $(date +%s) - start )) s"
 done
+
+templates=$cache/$key/templates
+if [ ! -f "$templates/mps-control-daemon.tmpl.yaml" ]; then
+    source=$(cd "$here/dra-driver" && go list -m -f '{{.Dir}}' sigs.k8s.io/dra-driver-nvidia-gpu)
+    rm -rf "$templates.tmp" && mkdir -p "$templates.tmp"
+    cp "$source"/templates/* "$templates.tmp"/ && chmod -R u+w "$templates.tmp"
+    mv "$templates.tmp" "$templates"
+fi
 echo "$bin"
