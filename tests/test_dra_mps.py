@@ -4,7 +4,8 @@ simulated `nvidia-cuda-mps-control` of the driver root: NVIDIA's `GpuConfig` wit
 GPU in EXCLUSIVE_PROCESS; each claim's CDI device points its containers at the daemon with the
 claim's own limits; the last Unprepare stops the daemon and restores the compute mode; a
 restarted driver reattaches to a live daemon, starts a dead one again and stops one that no
-claim records; bad MPS configs are refused at Prepare, naming the field."""
+claim records, and a running one starts a daemon that died again at its periodic check; bad MPS
+configs are refused at Prepare, naming the field."""
 
 from __future__ import annotations
 
@@ -313,6 +314,30 @@ BAD_INPUTS: list[tuple[dict[str, Any], str, str]] = [
         "two-mps-devices-in-one-claim",
     ),
 ]
+
+
+def test_a_daemon_that_dies_while_the_driver_runs_is_started_again_by_its_check() -> None:
+    async def body() -> None:
+        async with mps_driver() as node:
+            (ref,) = await prepared(node, claim_of("revived", mps()))
+            pid = recorded(node)[ref[2]]["pid"]
+            await node.driver.check_node()
+            assert recorded(node)[ref[2]]["pid"] == pid  # one that answers is left alone
+
+            os.kill(pid, signal.SIGKILL)
+            while answers(node, WHOLE):  # the killed process may take a moment to go
+                pass
+            await node.driver.check_node()
+            again = recorded(node)[ref[2]]["pid"]
+            assert again not in (0, pid)
+            assert again == pid_file(node, WHOLE)
+            assert answers(node, WHOLE)
+            assert compute_mode(node, GPU.index) == EXCLUSIVE_PROCESS
+            await node.watcher.unprepare(DRIVER, [ref])
+            assert not home(node, WHOLE).exists()
+            assert compute_mode(node, GPU.index) == DEFAULT
+
+    run(body)
 
 
 def test_bad_mps_configs_are_refused_at_prepare_naming_the_field() -> None:

@@ -229,9 +229,12 @@ class DraDriver:
     # --- triggers: each a change on the engine's serialized path ---------------------------------
 
     async def check_node(self) -> None:
-        """The checks every few seconds: our sockets, and whether a device plugin serves here."""
+        """The checks every few seconds: our sockets, whether a device plugin serves here, and
+        the prepared claims' MPS control daemons (one that died is started again)."""
         await self.heal_sockets()
         await self.check_device_plugins()
+        if self.preparer is not None:
+            await self.preparer.revive_mps()
 
     async def heal_sockets(self) -> None:
         """Serve again on a socket deleted or replaced under the running driver (a kubelet

@@ -12,7 +12,8 @@ compute mode set back to DEFAULT; a daemon started for a claim that then failed 
 way. At start-up (`adopt`) a recorded daemon that still answers is reattached; one that does not
 is cleaned (its stale socket and pid file) and started again in the same pipe directory, which
 the claims' containers have mounted; a home no claim records (a driver that died between
-starting a daemon and checkpointing it) is stopped and removed.
+starting a daemon and checkpointing it) is stopped and removed. While the driver runs, its
+periodic check (`revive`) starts again the same way a recorded daemon that stopped answering.
 
 Every step runs under the Preparer's locks, so one driver process at a time changes them. The
 daemons outlive the driver: running containers use them.
@@ -110,15 +111,23 @@ class MpsDevices:
         for device, daemon in recorded(claims).items():
             now[device] = await self._reattach(device, daemon, driver_root)
         await self.settle(claims, driver_root, uuids)
-        return {
-            uid: replace(
-                claim,
-                devices=tuple(
-                    replace(d, mps=now[d.device]) if d.mps is not None else d for d in claim.devices
-                ),
-            )
-            for uid, claim in claims.items()
-        }
+        return _with_daemons(claims, now)
+
+    async def revive(
+        self, claims: Mapping[str, PreparedClaim], driver_root: str
+    ) -> dict[str, PreparedClaim]:
+        """While the driver runs: each daemon `claims` record that no longer answers started
+        again in its pipe directory (`_restart`); those that answer are left alone. The claims
+        with their daemons' pids now."""
+        try:
+            control = MpsControl(control_program(driver_root))
+        except ConfigError:
+            return dict(claims)  # nothing of ours can run a daemon: `adopt` logged why
+        now: dict[str, MpsDaemon] = {}
+        for device, daemon in recorded(claims).items():
+            if not await control.healthy(self._spec(device, daemon.uuid)):
+                now[device] = await self._restart(device, daemon, driver_root)
+        return _with_daemons(claims, now) if now else dict(claims)
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -154,6 +163,13 @@ class MpsDevices:
             pid = await asyncio.to_thread(_pid, spec.pipe_dir)
             log_event(logger, "dra.mps.daemon_reattached", device=device, pid=pid)
             return replace(daemon, pid=pid)
+        return await self._restart(device, daemon, driver_root)
+
+    async def _restart(self, device: str, daemon: MpsDaemon, driver_root: str) -> MpsDaemon:
+        """A daemon that does not answer cleaned (its stale socket and pid file) and started
+        again in its pipe directory, which the claims' containers have mounted; pid 0 when it
+        cannot be."""
+        spec = self._spec(device, daemon.uuid)
         log_event(logger, "dra.mps.daemon_dead", logging.WARNING, device=device, pid=daemon.pid)
         await asyncio.to_thread(_clean, spec.pipe_dir)
         try:
@@ -185,6 +201,22 @@ class MpsDevices:
 def recorded(claims: Mapping[str, PreparedClaim]) -> dict[str, MpsDaemon]:
     """Device name -> the daemon the claims record for it."""
     return {d.device: d.mps for c in claims.values() for d in c.devices if d.mps is not None}
+
+
+def _with_daemons(
+    claims: Mapping[str, PreparedClaim], daemons: Mapping[str, MpsDaemon]
+) -> dict[str, PreparedClaim]:
+    """`claims` with each MPS device's daemon replaced by the one `daemons` has for it."""
+    return {
+        uid: replace(
+            claim,
+            devices=tuple(
+                replace(d, mps=daemons.get(d.device, d.mps)) if d.mps is not None else d
+                for d in claim.devices
+            ),
+        )
+        for uid, claim in claims.items()
+    }
 
 
 def _whole_gpu(uuid: str) -> bool:

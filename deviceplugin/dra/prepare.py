@@ -72,7 +72,7 @@ from deviceplugin.dra.memorylimits import LimitHook
 from deviceplugin.dra.migcut import CutError, MigCutter, cut_device
 from deviceplugin.dra.migrecord import MigPartition
 from deviceplugin.dra.mpsclient import MIB, client_edits, mixing_problem, second_mps_device
-from deviceplugin.dra.mpsdevices import MpsDevices
+from deviceplugin.dra.mpsdevices import MpsDevices, recorded
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
     EXCLUSIVE,
@@ -328,6 +328,22 @@ class Preparer:
             ):
                 await self._save_or_log(self._claims)
         log_event(logger, "dra.checkpoint.loaded", claims=len(self._claims), boot_id=saved.boot_id)
+
+    async def revive_mps(self) -> None:
+        """Start again each MPS control daemon the prepared claims record that stopped
+        answering (`MpsDevices.revive`), the new pids checkpointed. Skipped, to be tried at the
+        next check, while the node's lock is held elsewhere."""
+        if self._mps is None or not recorded(self._claims):
+            return
+        try:
+            async with self._serialized():
+                self._claims = await self._current()
+                revived = await self._mps.revive(self._claims, self._mps_node()[0])
+                if revived != self._claims:
+                    self._claims = revived
+                    await self._save_or_log(revived)
+        except (LockTimeout, OSError) as err:
+            log_event(logger, "dra.mps.check_skipped", error=self._not_locked(err))
 
     def use(self, devices: NodeDevices) -> None:
         """Map later allocation results to these devices (after a rediscovery); claims already
