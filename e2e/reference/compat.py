@@ -139,6 +139,15 @@ def mps_cases() -> Iterator[Case]:
     without_root = mps(4)
     del without_root["flags"]["mpsRoot"]
     yield Case.of("MPS x4 without mpsRoot on a10-x8", "a10-x8", without_root)
+    # Two GPUs shared, the others whole: the reference ignores `devices` and `rename`.
+    for renamed in (True, False):
+        some = mps(4)
+        (resource,) = some["sharing"]["mps"]["resources"]
+        resource["devices"] = [0, 1]
+        if renamed:
+            resource["rename"] = "nvidia.com/gpu.shared"
+        name = f"MPS x4, GPUs 0 and 1 {'renamed' if renamed else 'without rename'} on a10-x8"
+        yield Case.of(name, "a10-x8", some)
 
 
 def full_matrix() -> list[Case]:

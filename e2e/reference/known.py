@@ -80,6 +80,11 @@ KNOWN: tuple[Known, ...] = (
         r".*",
         case=r"config/dedicated-and-shared\.yaml",
     ),
+    Known(
+        "MPS: `rename` and `devices` are honoured, as with time-slicing",
+        r".*",
+        case=r"MPS x4, GPUs 0 and 1 ",
+    ),
     Known("Refusals: INVALID_ARGUMENT, not UNKNOWN", r".*\.allocate\.\w+", check=_both_refuse),
     Known(
         "Device order: the request's, not a Go map's",

@@ -20,6 +20,9 @@ SHOWN_BY = {
     "Time-slicing: `rename` and `devices` are honoured": (
         "config/dedicated-and-shared.yaml on a10-x8"
     ),
+    "MPS: `rename` and `devices` are honoured, as with time-slicing": (
+        "MPS x4, GPUs 0 and 1 renamed on a10-x8"
+    ),
     "Refusals: INVALID_ARGUMENT, not UNKNOWN": (
         "time-slicing x3, renameByDefault False, failRequestsGreaterThanOne True on a10-x8"
     ),
