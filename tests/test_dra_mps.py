@@ -23,6 +23,7 @@ from test_sim_library_dynamic_mig import in_another_process
 from deviceplugin.dra.checkpoint import FILE_NAME
 from deviceplugin.model.memoryshares import GpuSharing
 from deviceplugin.model.slices import device_name
+from deviceplugin.node.mpsshm import release_shm
 from deviceplugin.sim.hostroot import MPS_CONTROL, install_mps_control
 from deviceplugin.sim.libbuild import mps_control_path
 from tests.dranode import inventory
@@ -77,15 +78,18 @@ def driver_root(node: Node) -> Path:
 async def mps_driver(gpu_sharing: GpuSharing = "off") -> AsyncIterator[Node]:
     """The driver on the simulated library, with the simulated control program installed where
     `sim-root` puts it; the daemons a failed test left are killed (they outlive the driver by
-    design)."""
+    design) and their shm tmpfs unmounted (as root the driver mounts one)."""
     async with running_driver(gpu_sharing=gpu_sharing, library=True) as node:
         install_mps_control(driver_root(node), mps_control_path())
+        homes = node.kubelet_root / "plugins" / DRIVER / "mps"
         try:
             yield node
         finally:
-            for pid in (node.kubelet_root / "plugins" / DRIVER / "mps").glob("*/pipe/*.pid"):
+            for pid in homes.glob("*/pipe/*.pid"):
                 with contextlib.suppress(OSError, ValueError):
                     os.kill(int(pid.read_text()), signal.SIGKILL)
+            for shm in homes.glob("*/shm"):
+                release_shm(str(shm))
 
 
 def home(node: Node, device: str) -> Path:
