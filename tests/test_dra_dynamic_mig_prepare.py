@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,8 @@ from deviceplugin.dra.failpoints import (
 )
 from deviceplugin.node.nvml_mig import MigModule
 from deviceplugin.sim.apiserver import ApiServer
-from deviceplugin.sim.hostroot import LIBRARY_DIR
 from deviceplugin.sim.pluginwatcher import PluginWatcher
+from testbed.simnvml import mig_layout, on_library
 from tests.draplugin import (
     DRIVER,
     NODE,
@@ -50,33 +49,6 @@ THREE_G_AT_4 = "gpu-0-mig-3g40gb-9-4"
 THREE_G_AT_0 = "gpu-0-mig-3g40gb-9-0"
 ONE_G_AT_0 = "gpu-0-mig-1g10gb-19-0"
 
-# GPU 0's GPU instances as (profile id, start, size), its MIG device UUIDs and MIG mode.
-READ_BACK = """
-found, seen = [], set()
-mode = n.nvmlDeviceGetMigMode(gpu)[0]
-for enum in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT if mode else 0):
-    try:
-        info = n.nvmlDeviceGetGpuInstanceProfileInfo(gpu, enum)
-    except n.NVMLError:
-        continue
-    if info.id in seen:
-        continue
-    seen.add(info.id)
-    buffer = (n.c_nvmlGpuInstance_t * info.instanceCount)()
-    count = ctypes.c_uint(info.instanceCount)
-    n.nvmlDeviceGetGpuInstances(gpu, info.id, buffer, ctypes.byref(count))
-    for gi in buffer[: count.value]:
-        i = n.nvmlGpuInstanceGetInfo(gi)
-        found.append([i.profileId, i.placement.start, i.placement.size])
-migs = []
-for index in range(n.nvmlDeviceGetMaxMigDeviceCount(gpu) if mode else 0):
-    try:
-        migs.append(n.nvmlDeviceGetUUID(n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, index)))
-    except n.NVMLError_NotFound:
-        pass
-print(json.dumps({"gis": sorted(found), "migs": migs, "mode": mode}))
-"""
-
 # A foreign 1g.10gb at start 0 with its compute instance, as an operator's nvidia-smi makes it.
 FOREIGN = """
 place = n.c_nvmlGpuInstancePlacement_t()
@@ -86,28 +58,14 @@ n.nvmlGpuInstanceCreateComputeInstance(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_1_SLI
 """
 
 
-def nvml_script(root: Path, body: str) -> str:
-    """`body` run by a fresh Python on `root`'s library with `gpu` GPU 0; its output."""
-    library = root / LIBRARY_DIR / "libnvidia-ml.so.1"
-    script = "\n".join(
-        (
-            "import ctypes, json, os, pynvml as n",
-            f"ctypes.CDLL({str(library)!r}, mode=os.RTLD_GLOBAL)",
-            "n.nvmlInit()",
-            "gpu = n.nvmlDeviceGetHandleByIndex(0)",
-            body,
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
 def read_back(root: Path) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads(nvml_script(root, READ_BACK))
-    return found
+    """GPU 0's GPU instances as (profile id, start, size), its MIG device UUIDs and MIG mode."""
+    gpu = mig_layout(root)[0]
+    return {
+        "gis": sorted([gi["profileId"], *gi["placement"]] for gi in gpu["gpuInstances"]),
+        "migs": [mig["uuid"] for mig in gpu["migDevices"]],
+        "mode": gpu["migMode"],
+    }
 
 
 def driver_root(node: Any) -> Path:
@@ -202,7 +160,7 @@ def test_a_placement_taken_by_someone_else_fails_prepare_and_is_left_alone() -> 
     async def body() -> None:
         async with running_driver(PRESET, library=True, mig_mode="dynamic") as node:
             root = driver_root(node)
-            nvml_script(root, FOREIGN)
+            on_library(root, FOREIGN)
             ref = node.add_claim(claim("late", [("mig", THREE_G_AT_0)]))
             done = await node.watcher.prepare(DRIVER, [ref])
             error = done.claims[ref[2]].error
@@ -219,7 +177,7 @@ def test_a_foreign_instance_is_left_alone_reported_and_blocks_its_placements() -
     async def body() -> None:
         async with running_driver(PRESET, library=True, mig_mode="dynamic") as node:
             root = driver_root(node)
-            nvml_script(root, FOREIGN)
+            on_library(root, FOREIGN)
             await node.restart()  # found at start-up
             assert read_back(root)["gis"] == [[19, 0, 1]]
             (report,) = node.driver.status().document()["foreign_mig_instances"]
@@ -257,7 +215,7 @@ def test_a_gpu_instance_without_compute_instances_lists_its_compute_profiles(
     """The library reports a GPU instance's compute profiles before it has a compute instance
     (it once divided by the missing instance's slice count)."""
     root = library_tree(PRESET)
-    out = nvml_script(
+    out = on_library(
         root,
         "place = n.c_nvmlGpuInstancePlacement_t()\n"
         "place.start, place.size = 4, 4\n"

@@ -18,14 +18,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from test_sim_library_dynamic_mig import in_another_process
-
 from deviceplugin.dra.checkpoint import FILE_NAME
 from deviceplugin.model.memoryshares import GpuSharing
 from deviceplugin.model.slices import device_name
 from deviceplugin.node.mpsshm import release_shm
 from deviceplugin.sim.hostroot import MPS_CONTROL, install_mps_control
 from deviceplugin.sim.libbuild import mps_control_path
+from testbed.simnvml import on_library
 from tests.dranode import inventory
 from tests.draplugin import DRIVER, PRESET, Node, claim, resolve, run, running_driver
 
@@ -119,7 +118,7 @@ def answers(node: Node, device: str) -> bool:
 
 def compute_mode(node: Node, gpu_index: int) -> int:
     line = f"print(n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByIndex({gpu_index})))"
-    return int(in_another_process(driver_root(node), line))
+    return int(on_library(driver_root(node), line))
 
 
 def recorded(node: Node) -> dict[str, dict[str, Any]]:
@@ -233,7 +232,7 @@ def test_a_restart_reattaches_a_live_daemon_restarts_a_dead_one_and_stops_an_orp
             # an orphan: a daemon under the driver's homes that no claim records
             orphan = home(node, OTHER_NAME)
             assert control(node, OTHER_NAME, "", "-d").returncode == 0
-            in_another_process(
+            on_library(
                 driver_root(node),
                 f"n.nvmlDeviceSetComputeMode(n.nvmlDeviceGetHandleByIndex({OTHER.index}), 3)",
             )

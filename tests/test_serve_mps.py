@@ -19,12 +19,12 @@ import grpc
 import pytest
 from harness import GPU, run, running_plugin
 from test_sim_library import sim_root
-from test_sim_library_dynamic_mig import in_another_process
 
 from deviceplugin.model.allocation import mps_paths
 from deviceplugin.model.mps import DaemonSpec
 from deviceplugin.node.mpsdaemon import COMPUTE_MODE_DEFAULT, MpsControl, MpsDaemons, read_owner
 from deviceplugin.sim.hostroot import MPS_CONTROL
+from testbed.simnvml import on_library
 
 H100_MIB = 81559  # the h100-x8 preset's GPUs
 LIMITS = "deviceplugin-sim-mps.json"
@@ -62,7 +62,7 @@ def limits(mps_root: Path) -> dict[str, Any] | None:
 
 def compute_mode(root: Path, index: int) -> int:
     return int(
-        in_another_process(
+        on_library(
             root,
             f"print(n.nvmlDeviceGetComputeMode(n.nvmlDeviceGetHandleByIndex({index})))",
         )

@@ -10,9 +10,9 @@ from typing import Any
 import pynvml as n
 import pytest
 from test_sim_library import opened, sim_root
-from test_sim_library_dynamic_mig import in_another_process
 
 from deviceplugin.sim.hostroot import COMPUTE_MODE_FILE
+from testbed.simnvml import on_library
 
 WHOLE = 4  # a100-80gb-x8-mixed: GPUs 0 to 3 have MIG on, 4 to 7 are whole
 
@@ -27,7 +27,7 @@ def a100(tmp_path: Path) -> Any:
 
 def mode_elsewhere(root: Path, index: int, *lines: str) -> int:
     """GPU `index`'s compute mode as a fresh process on `root` reads it, after `lines`."""
-    out = in_another_process(
+    out = on_library(
         root,
         f"gpu = n.nvmlDeviceGetHandleByIndex({index})",
         *lines,

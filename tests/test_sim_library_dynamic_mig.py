@@ -6,8 +6,6 @@ following it."""
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,8 @@ import pynvml as n
 import pytest
 from test_sim_library import _placement_starts, opened, sim_root
 
-from deviceplugin.sim.hostroot import CAPABILITIES_DIR, LIBRARY_DIR, MIG_STATE_FILE
+from deviceplugin.sim.hostroot import CAPABILITIES_DIR, MIG_STATE_FILE
+from testbed.simnvml import on_library
 
 # A100-80GB (dra-sharing.md, "MIG placements"): driver profile id -> (start, size) placements.
 A100_PLACEMENTS = {
@@ -279,7 +278,7 @@ def test_another_process_sees_and_changes_the_same_instances(a100: Path) -> None
     gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, TWO_G, placement(4, 2))
     n.nvmlGpuInstanceCreateComputeInstance(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE)
     [ours] = mig_uuids(gpu)
-    theirs, start = in_another_process(
+    theirs, start = on_library(
         a100,
         "print(n.nvmlDeviceGetUUID(n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 0)))",
         f"gi = n.nvmlDeviceCreateGpuInstance(gpu, {ONE_G})",
@@ -340,7 +339,7 @@ def test_sim_root_again_brings_back_the_nodes_layout(tmp_path: Path) -> None:
     sim-root replaces); sim-root again forgets the change."""
     root = sim_root("a100-80gb-x8-mixed", tmp_path)
     gi7 = root / CAPABILITIES_DIR / "gpu0" / "mig" / "gi7"
-    in_another_process(
+    on_library(
         root,
         "gi = n.nvmlDeviceGetGpuInstanceById(gpu, 7)",
         "n.nvmlComputeInstanceDestroy(n.nvmlGpuInstanceGetComputeInstanceById(gi, 0))",
@@ -351,23 +350,5 @@ def test_sim_root_again_brings_back_the_nodes_layout(tmp_path: Path) -> None:
     sim_root("a100-80gb-x8-mixed", root)
     assert not (root / MIG_STATE_FILE).exists()
     assert (gi7 / "ci0" / "access").is_file()
-    found = in_another_process(root, "print(n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 6) and 7)")
+    found = on_library(root, "print(n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 6) and 7)")
     assert found == "7\n"
-
-
-def in_another_process(root: Path, *lines: str) -> str:
-    """`lines` run by a fresh Python on `root`'s library, with `gpu` GPU 0; their output."""
-    script = "\n".join(
-        (
-            "import ctypes, os, pynvml as n",
-            f"ctypes.CDLL({str(root / LIBRARY_DIR / 'libnvidia-ml.so.1')!r}, mode=os.RTLD_GLOBAL)",
-            "n.nvmlInit()",
-            "gpu = n.nvmlDeviceGetHandleByIndex(0)",
-            *lines,
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from test_sim_compute_mode import WHOLE, mode_elsewhere
 from test_sim_library import sim_root
-from test_sim_library_dynamic_mig import in_another_process
 
 from deviceplugin.sim.hostroot import NVIDIA_SMI
+from testbed.simnvml import on_library
 
 EXCLUSIVE_PROCESS, DEFAULT = 3, 0
 
@@ -32,7 +32,7 @@ def smi(root: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
 
 
 def uuid_of(root: Path, index: int) -> str:
-    return in_another_process(
+    return on_library(
         root, f"print(n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex({index})))"
     ).strip()
 

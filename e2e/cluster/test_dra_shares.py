@@ -60,11 +60,17 @@ MEMORY_TOTAL = (
 )
 
 
-def template(name: str, memory: str | None, mps: Obj | None = None) -> Obj:
-    """A claim template for the pinned GPU, asking `memory` of it (None: no capacity), with
-    NVIDIA's opaque GpuConfig sharing it through MPS with `mps` as its mpsConfig."""
+def template(
+    name: str,
+    memory: str | None,
+    mps: Obj | None = None,
+    device_class: str = "gpu-shared.nvidia.com",
+) -> Obj:
+    """A claim template for the pinned GPU of `device_class`, asking `memory` of it (None: no
+    capacity), with NVIDIA's opaque GpuConfig sharing it through MPS with `mps` as its
+    mpsConfig."""
     exactly: Obj = {
-        "deviceClassName": "gpu-shared.nvidia.com",
+        "deviceClassName": device_class,
         "selectors": [
             {"cel": {"expression": f"device.attributes['{DRIVER}'].uuid == '{GPU.uuid}'"}}
         ],
@@ -89,12 +95,13 @@ def template(name: str, memory: str | None, mps: Obj | None = None) -> Obj:
     }
 
 
-def share_pod(name: str, claim_template: str) -> Obj:
-    """A pod of our image that sleeps holding a claim from `claim_template`."""
+def share_pod(name: str, claim_template: str, label: str = "dra-shares") -> Obj:
+    """A pod of our image, labelled `e2e=<label>`, that sleeps holding a claim from
+    `claim_template`."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"e2e": "dra-shares"}},
+        "metadata": {"name": name, "namespace": "default", "labels": {"e2e": label}},
         "spec": {
             "terminationGracePeriodSeconds": 1,
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": claim_template}],

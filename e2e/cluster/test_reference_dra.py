@@ -12,9 +12,10 @@ API calls, without its Helm chart.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -48,6 +49,7 @@ DRIVER_ROOT = SIMULATED_NODE / "root"
 CLASSES = REPO / "manifests" / "dra" / "deviceclasses.yaml"
 SNAPSHOT = RUN / "reference-dra.json"
 DEVICES = 32  # a100-80gb-x8-mixed: 4 whole GPUs and 28 MIG devices
+T = TypeVar("T")
 
 
 def template(name: str, device_class: str) -> Obj:
@@ -100,24 +102,42 @@ def _drive() -> Driven:
     return driven
 
 
-def _no_slices() -> bool | None:
+def no_slices() -> bool | None:
     items = get("resourceslices", f"--field-selector=spec.driver={DRIVER}")["items"]
     return not items or None
 
 
-@pytest.fixture(scope="module")
-def drivers() -> Iterator[dict[str, Driven]]:
+def nvidia_binaries() -> Path:
+    """NVIDIA's binaries (build.sh), or the test skipped saying why there are none."""
     try:
-        binaries = plugins.reference_binaries()
+        return plugins.reference_binaries()
     except plugins.ReferenceUnavailable as exc:
         pytest.skip(str(exc))
+
+
+def with_ours(drive: Callable[[], T]) -> T:
+    """`drive` run with our driver deployed (the DRA overlay) in NVIDIA's place, once its
+    slices are complete; the overlay removed after."""
+    kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", check=False)
+    kubectl("apply", "-k", str(OVERLAY))
+    try:
+        wait_until("our driver Ready", driver_ready, timeout=240)
+        wait_until("our slices", lambda: len(published()) == DEVICES or None, timeout=120)
+        return drive()
+    finally:
+        kubectl("delete", "-k", str(OVERLAY), "--wait=true", "--timeout=120s", check=False)
+
+
+@pytest.fixture(scope="module")
+def drivers() -> Iterator[dict[str, Driven]]:
+    binaries = nvidia_binaries()
     kubectl("apply", "-f", str(CLASSES))
     apply(SEED_DEVICE_CLASS)
     apply(SEED_TEMPLATE)
     apply(template("reference-gpu", "gpu.nvidia.com"))
     apply(template("reference-mig", "mig.nvidia.com"))
     driven: dict[str, Driven] = {}
-    wait_until("no slices of another driver", _no_slices, timeout=120)
+    wait_until("no slices of another driver", no_slices, timeout=120)
     plugins.hand_over_dra_checkpoint()
     log = RUN / "logs" / "nvidia-dra-driver.log"
     driver = plugins.dra_driver(
@@ -126,14 +146,7 @@ def drivers() -> Iterator[dict[str, Driven]]:
     with driver.start():
         wait_until("NVIDIA's slices", lambda: len(published()) == DEVICES or None, timeout=120)
         driven["nvidia"] = _drive()
-    kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", check=False)
-    kubectl("apply", "-k", str(OVERLAY))
-    try:
-        wait_until("our driver Ready", driver_ready, timeout=240)
-        wait_until("our slices", lambda: len(published()) == DEVICES or None, timeout=120)
-        driven["ours"] = _drive()
-    finally:
-        kubectl("delete", "-k", str(OVERLAY), "--wait=true", "--timeout=120s", check=False)
+    driven["ours"] = with_ours(_drive)
     SNAPSHOT.write_text(json.dumps({k: v.__dict__ for k, v in driven.items()}, indent=1) + "\n")
     yield driven
 

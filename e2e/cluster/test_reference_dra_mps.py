@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,31 +39,32 @@ from e2e.cluster.kube import (
     wait_until,
 )
 from e2e.cluster.simlibrary import compute_mode, set_compute_mode
-from e2e.cluster.test_dra import (
-    CDI_DIR,
-    DRIVER,
-    DRIVER_ROOT,
-    OVERLAY,
-    claim_uid,
-    driver_ready,
-    published,
-    start,
+from e2e.cluster.test_dra import CDI_DIR, DRIVER, DRIVER_ROOT, claim_uid, published, start
+from e2e.cluster.test_dra_shares import (
+    DEFAULT,
+    EXCLUSIVE_PROCESS,
+    GPU,
+    IMAGE,
+    MPS_HOMES,
+    share_pod,
+    template,
 )
-from e2e.cluster.test_dra_shares import DEFAULT, EXCLUSIVE_PROCESS, GPU, MPS_HOMES
+from e2e.cluster.test_reference_dra import (
+    CLASSES,
+    DEVICES,
+    no_slices,
+    nvidia_binaries,
+    with_ours,
+)
 from testbed import plugins
 
-CLASSES = plugins.REPO / "manifests" / "dra" / "deviceclasses.yaml"
-# Our image: Python for the probe, and a tag the kubelet does not pull (NVIDIA's Deployment
-# names no pull policy), with the `sh`, `tail` and `cat` its daemon's script runs.
-IMAGE = os.environ.get("E2E_IMAGE", "localhost/deviceplugin:e2e")
 TEMPLATE = "reference-mps-gpu"
 POD = "reference-mps"
-LABEL = "e2e=reference-mps"
+LABEL = "reference-mps"  # the pod's `e2e` label
 MPS_CONFIG = {"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}
 # What a client in the container gets from either: 50 % and 10 GiB pinned on the claim's GPU.
 CLIENT_LIMITS = {"activeThreadPercentage": 50.0, "pinnedMiB": {GPU.uuid: 10240}}
 SNAPSHOT = RUN / "reference-dra-mps.json"
-DEVICES = 32  # a100-80gb-x8-mixed: 4 whole GPUs and 28 MIG devices
 
 # What the claim's container sees: its MPS variables, whether the pipe directory they name
 # holds the daemon's socket, and the mounts at that directory and at /dev/shm (file system
@@ -107,58 +107,6 @@ class MpsRun:
     home_left: bool = True
 
 
-def template() -> Obj:
-    parameters = {
-        "apiVersion": "resource.nvidia.com/v1beta1",
-        "kind": "GpuConfig",
-        "sharing": {"strategy": "MPS", "mpsConfig": MPS_CONFIG},
-    }
-    opaque = {"driver": DRIVER, "parameters": parameters}
-    selector = f"device.attributes['{DRIVER}'].uuid == '{GPU.uuid}'"
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": TEMPLATE, "namespace": "default"},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "gpu",
-                            "exactly": {
-                                "deviceClassName": "gpu.nvidia.com",
-                                "selectors": [{"cel": {"expression": selector}}],
-                            },
-                        }
-                    ],
-                    "config": [{"requests": ["gpu"], "opaque": opaque}],
-                }
-            }
-        },
-    }
-
-
-def workload() -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": POD, "namespace": "default", "labels": {"e2e": "reference-mps"}},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}],
-            "containers": [
-                {
-                    "name": "work",
-                    "image": IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sleep", "3600"],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-            ],
-        },
-    }
-
-
 def mps_daemons() -> set[int]:
     """The host pids of every MPS control daemon (`nvidia-cuda-mps-control -d`), from /proc."""
     found = set()
@@ -191,7 +139,7 @@ def _drive() -> MpsRun:
     devices = {str(d["attributes"]["uuid"]["string"]): name for name, d in published().items()}
     run = MpsRun(device=devices[GPU.uuid])
     before = mps_daemons()
-    start(workload())
+    start(share_pod(POD, TEMPLATE, LABEL))
     run.uid = claim_uid(POD)
     run.seen = json.loads(exec_in(POD, "python", "-c", PROBE))
     (run.home,) = homes()
@@ -214,25 +162,22 @@ def _drive() -> MpsRun:
     return run
 
 
-def _delete_workload() -> None:
-    selector = ("-l", LABEL, "--wait=true", "--timeout=120s")
-    kubectl("delete", "pod", "-n", "default", *selector, check=False)
-
-
-def _no_slices() -> bool | None:
-    return not get("resourceslices", f"--field-selector=spec.driver={DRIVER}")["items"] or None
+def _drive_and_clean() -> MpsRun:
+    """`_drive`, and on a failure its pod deleted while the driver can still unprepare it."""
+    try:
+        return _drive()
+    finally:
+        selector = ("-l", f"e2e={LABEL}", "--wait=true", "--timeout=120s")
+        kubectl("delete", "pod", "-n", "default", *selector, check=False)
 
 
 @pytest.fixture(scope="module")
 def runs() -> Iterator[dict[str, MpsRun]]:
-    try:
-        binaries = plugins.reference_binaries()
-    except plugins.ReferenceUnavailable as exc:
-        pytest.skip(str(exc))
+    binaries = nvidia_binaries()
     kubectl("apply", "-f", str(CLASSES))
-    apply(template())
+    apply(template(TEMPLATE, None, MPS_CONFIG, device_class="gpu.nvidia.com"))
     driven: dict[str, MpsRun] = {}
-    wait_until("no slices of another driver", _no_slices, timeout=120)
+    wait_until("no slices of another driver", no_slices, timeout=120)
     plugins.hand_over_dra_checkpoint()
     made_mountpoint = not plugins.MPS_TEMPLATES_AT.exists()
     plugins.MPS_TEMPLATES_AT.mkdir(exist_ok=True)
@@ -245,6 +190,8 @@ def runs() -> Iterator[dict[str, MpsRun]]:
         CDI_DIR,
         log,
         flags=["--feature-gates=MPSSupport=true"],
+        # Our image, for its `sh`, `tail` and `cat`: a tag the kubelet does not pull, as
+        # NVIDIA's Deployment names no pull policy.
         image=IMAGE,
         templates=plugins.dra_templates(binaries),
         bidirectional=MPS_HOMES,
@@ -252,24 +199,13 @@ def runs() -> Iterator[dict[str, MpsRun]]:
     try:
         with plugins.shared_mount(MPS_HOMES), driver.start():
             wait_until("NVIDIA's slices", lambda: len(published()) == DEVICES or None, 120)
-            try:
-                driven["nvidia"] = _drive()
-            finally:  # on a failure, while the driver can still unprepare
-                _delete_workload()
+            driven["nvidia"] = _drive_and_clean()
     finally:
         if made_mountpoint:
             plugins.MPS_TEMPLATES_AT.rmdir()
     # NVIDIA's driver leaves the GPU in EXCLUSIVE_PROCESS (asserted below): as before it ran.
     set_compute_mode(DRIVER_ROOT, GPU.uuid, DEFAULT)
-    kubectl("delete", "resourceslices", f"--field-selector=spec.driver={DRIVER}", check=False)
-    kubectl("apply", "-k", str(OVERLAY))
-    try:
-        wait_until("our driver Ready", driver_ready, timeout=240)
-        wait_until("our slices", lambda: len(published()) == DEVICES or None, timeout=120)
-        driven["ours"] = _drive()
-    finally:
-        _delete_workload()
-        kubectl("delete", "-k", str(OVERLAY), "--wait=true", "--timeout=120s", check=False)
+    driven["ours"] = with_ours(_drive_and_clean)
     SNAPSHOT.write_text(json.dumps({k: v.__dict__ for k, v in driven.items()}, indent=1) + "\n")
     yield driven
 

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,11 +31,11 @@ from typing import Any
 
 from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.sim.apiserver import ApiServer
-from deviceplugin.sim.hostroot import LIBRARY_DIR
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 from e2e.reference.known import Difference, Known
 from testbed import kubeproto, plugins
 from testbed.process import Child
+from testbed.simnvml import mig_layout
 
 PRESET = "a100-80gb-x8-dynamic"  # eight A100 80GB, MIG mode on, no instance
 NODE = "dmig-node"
@@ -45,54 +44,11 @@ NAMESPACE = "dmig"
 PARTITION = "gpu-0-mig-3g40gb-9-4"  # a 3g.40gb at memory slices 4-7 of GPU 0: both publish it
 OURS, REFERENCE = "ours", "reference"
 TIMEOUT = 60.0
+MIG_ENABLED = 1  # NVML_DEVICE_MIG_ENABLE
 POLL = 0.05
 
 Json = dict[str, Any]
 Decode = Callable[[bytes], Json]
-
-# Every GPU's GPU instances, each with its compute instances, and its MIG mode, as nvidia-ml-py
-# reads them: the layout a claim leaves in the simulated library.
-READ_BACK = """
-import ctypes, json, os, sys, pynvml as n
-ctypes.CDLL(sys.argv[1], mode=os.RTLD_GLOBAL)
-n.nvmlInit()
-layout = {}
-for index in range(n.nvmlDeviceGetCount()):
-    gpu = n.nvmlDeviceGetHandleByIndex(index)
-    found, seen = [], set()
-    for enum in range(n.NVML_GPU_INSTANCE_PROFILE_COUNT):
-        try:
-            info = n.nvmlDeviceGetGpuInstanceProfileInfo(gpu, enum)
-        except n.NVMLError:
-            continue
-        if info.id in seen:
-            continue
-        seen.add(info.id)
-        gis = (n.c_nvmlGpuInstance_t * info.instanceCount)()
-        count = ctypes.c_uint(info.instanceCount)
-        n.nvmlDeviceGetGpuInstances(gpu, info.id, gis, ctypes.byref(count))
-        for gi in gis[: count.value]:
-            g = n.nvmlGpuInstanceGetInfo(gi)
-            cis = []
-            for ci_enum in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-                try:
-                    ci_info = n.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, ci_enum, 0)
-                except n.NVMLError:
-                    continue
-                buffer = (n.c_nvmlComputeInstance_t * ci_info.instanceCount)()
-                ci_count = ctypes.c_uint(ci_info.instanceCount)
-                n.nvmlGpuInstanceGetComputeInstances(gi, ci_info.id, buffer, ctypes.byref(ci_count))
-                for ci in buffer[: ci_count.value]:
-                    c = n.nvmlComputeInstanceGetInfo(ci)
-                    place = [c.placement.start, c.placement.size]
-                    cis.append({"profileId": c.profileId, "placement": place})
-            place = [g.placement.start, g.placement.size]
-            found.append({"profileId": g.profileId, "placement": place, "computeInstances": cis})
-    mode = n.nvmlDeviceGetMigMode(gpu)[0]
-    if found or mode != n.NVML_DEVICE_MIG_ENABLE:
-        layout[f"gpu-{index}"] = {"migMode": mode, "gpuInstances": sorted(found, key=json.dumps)}
-print(json.dumps(layout))
-"""
 
 
 @dataclass
@@ -108,18 +64,24 @@ class Outcome:
 
 
 def read_back(root: Path) -> Json:
-    """The simulated library's MIG layout (GPUs in MIG mode with no instance left out)."""
-    library = root / LIBRARY_DIR / "libnvidia-ml.so.1"
-    done = subprocess.run(
-        [sys.executable, "-c", READ_BACK, str(library)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=TIMEOUT,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"reading the MIG layout back: {done.stderr.strip()}")
-    layout: Json = json.loads(done.stdout)
+    """The simulated library's MIG layout: every GPU's GPU instances, each with its compute
+    instances, and its MIG mode (GPUs in MIG mode with no instance left out)."""
+    layout: Json = {}
+    for gpu in mig_layout(root):
+        found = [
+            {
+                "profileId": gi["profileId"],
+                "placement": gi["placement"],
+                "computeInstances": [
+                    {"profileId": ci["profileId"], "placement": ci["placement"]}
+                    for ci in gi["computeInstances"]
+                ],
+            }
+            for gi in gpu["gpuInstances"]
+        ]
+        if found or gpu["migMode"] != MIG_ENABLED:
+            instances = sorted(found, key=json.dumps)
+            layout[f"gpu-{gpu['index']}"] = {"migMode": gpu["migMode"], "gpuInstances": instances}
     return layout
 
 
