@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test demo demo-dra lint bench bench-reference protos image image-dra e2e compat cluster-images cluster cluster-down e2e-cluster bench-cluster clean
+.PHONY: test test-slow fuzz demo demo-dra lint bench bench-reference protos image image-dra e2e compat cluster-images cluster cluster-down e2e-cluster bench-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,10 +24,32 @@ BYTECODE := $(PY) -m compileall -q deviceplugin >/dev/null
 
 # The simulated libnvidia-ml.so.1 (deviceplugin/sim/native/) is built first, with gcc against the
 # pinned nvml.h, and cached under ~/.cache/deviceplugin/nvml-sim/ by a hash of its sources.
+# Three suites (tests/suites.py), on every core (pytest-xdist); `.ci/run` runs all three, a bare
+# `pytest` runs everything at once:
+# - `make test`: every test but the slow and fuzz ones; Hypothesis tests with 10 examples each,
+#   the libFuzzer corpus replayed (not fuzzed). It ends by listing what it left to the others.
+# - `make test-slow`: the tests marked `slow`, and every Hypothesis test with all its examples.
+# - `make fuzz`: the tests marked `fuzz` (libFuzzer campaigns; clang installed when missing).
+# A new test that takes seconds (daemons in processes, a long campaign) is marked
+# `@pytest.mark.slow` or `@pytest.mark.fuzz` (or a module's `pytestmark = pytest.mark.slow`);
+# a Hypothesis test is found by itself.
+SIM_LIBRARY := $(PY) -m deviceplugin.sim.libbuild >/dev/null
+PYTEST := $(PY) -m pytest -n auto
+
 test: $(STAMP)
 	$(BYTECODE)
-	$(PY) -m deviceplugin.sim.libbuild >/dev/null
-	$(PY) -m pytest
+	$(SIM_LIBRARY)
+	$(PYTEST) --suite quick
+
+test-slow: $(STAMP)
+	$(BYTECODE)
+	$(SIM_LIBRARY)
+	$(PYTEST) --suite slow
+
+fuzz: $(STAMP)
+	$(BYTECODE)
+	$(SIM_LIBRARY)
+	$(PYTEST) --suite fuzz
 
 demo: $(STAMP)
 	$(BYTECODE)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pynvml
 import pytest
 from simnode import BACKENDS, use_backend
 
 from deviceplugin.ops.logs import JsonFormatter, TextFormatter
+
+# The suites `make test`, `make test-slow` and `make fuzz` run (`--suite`; tests/suites.py).
+pytest_plugins = ("suites",)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -33,6 +38,25 @@ def no_log_handler_outlives_its_test() -> Iterator[None]:
     for handler in list(root.handlers):
         if isinstance(handler.formatter, (TextFormatter, JsonFormatter)):
             root.removeHandler(handler)
+
+
+@pytest.fixture(scope="session")
+def fresh_sim_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Path], Path]:
+    """`fresh_sim_root(node, directory)`: the tree `deviceplugin sim-root node directory`
+    writes, copied (`cp -a`: links and device nodes as they are) from one that command wrote
+    once per node and session. A test that changes its node's state gets a clean one for the
+    cost of a copy, not of a process that imports the package."""
+    from test_sim_library import sim_root
+
+    written: dict[str, Path] = {}
+
+    def fresh(node: str, directory: Path) -> Path:
+        if node not in written:
+            written[node] = sim_root(node, tmp_path_factory.mktemp("sim-root") / "root")
+        subprocess.run(["cp", "-a", str(written[node]), str(directory)], check=True)
+        return directory
+
+    return fresh
 
 
 @pytest.fixture(params=BACKENDS)
