@@ -2,10 +2,13 @@
 short time each, from the committed corpus (tests/data/fuzz/): the node rendering, which a
 node accepted is then served through the instance listings, and the event line. Built with
 clang under AddressSanitizer and UBSan; clang is installed from Debian when missing
-(`e2e/host-packages.sh fuzz`), and only where it cannot be is the test skipped, saying why."""
+(`e2e/host-packages.sh fuzz`), and only where it cannot be is the test skipped, saying why.
+The campaigns are `make fuzz`'s (marked `fuzz`); `make test` replays the corpus through the
+same targets, built with gcc under the same sanitizers (tests/native/fuzz_replay.c)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,12 +16,17 @@ from pathlib import Path
 import pytest
 from test_sim_inputs import table
 
-from deviceplugin.sim.libbuild import fuzz_target
+from deviceplugin.sim.libbuild import fuzz_target, sanitized_program
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "tests" / "native" / "fuzz_inputs.c"
+REPLAY = REPO / "tests" / "native" / "fuzz_replay.c"
 CORPUS = REPO / "tests" / "data" / "fuzz"
 SECONDS = 20
+SANITIZER_OPTIONS = {
+    "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
 PARSERS = {"node": ("-DFUZZ_NODE", 1 << 16), "events": ("-DFUZZ_EVENTS", 8192)}
 
 
@@ -36,6 +44,7 @@ def clang_or_skip() -> None:
         pytest.skip(f"no clang for libFuzzer, and it cannot be installed: {done.stderr.strip()}")
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("parser", sorted(PARSERS))
 def test_the_parser_survives_fuzzing(parser: str, tmp_path: Path) -> None:
     clang_or_skip()
@@ -60,6 +69,24 @@ def test_the_parser_survives_fuzzing(parser: str, tmp_path: Path) -> None:
         timeout=SECONDS + 120,
     )
     assert done.returncode == 0, done.stderr[-6000:]
+    assert "runtime error" not in done.stderr, done.stderr[-6000:]
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+def test_the_corpus_replays_cleanly(parser: str, tmp_path: Path) -> None:
+    define, _ = PARSERS[parser]
+    program = sanitized_program(REPLAY, tmp_path / f"replay_{parser}", "address", define)
+    inputs = sorted(str(path) for path in (CORPUS / parser).iterdir())
+    done = subprocess.run(
+        [str(program), *inputs],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **SANITIZER_OPTIONS},
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert done.stdout == f"replayed {len(inputs)} inputs\n"
     assert "runtime error" not in done.stderr, done.stderr[-6000:]
 
 

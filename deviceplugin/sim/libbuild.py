@@ -233,13 +233,25 @@ def hook_program() -> Path:
     return _cached(f"hook-{digest.hexdigest()[:20]}", HOOK_NAME, compile_into)
 
 
-def sanitized_program(main_source: Path, output: Path, sanitizer: str = "address") -> Path:
+def sanitized_program(
+    main_source: Path, output: Path, sanitizer: str = "address", *defines: str
+) -> Path:
     """`main_source` linked with the library's sources under AddressSanitizer and UBSan
     ("address") or ThreadSanitizer ("thread"): an executable that tests the simulation with
-    every memory, undefined-behaviour or data-race check on."""
-    flags = (*CFLAGS, "-fno-omit-frame-pointer", *SANITIZERS[sanitizer])
-    _compile(nvml_header(), output.parent, flags, str(main_source), "-o", str(output))
-    return output
+    every memory, undefined-behaviour or data-race check on, copied to `output`. Built once per
+    version of the sources (the library's and those beside `main_source`, which it may include)
+    and cached as the library is: each test suite, worker or file that asks for it again gets
+    that build."""
+    flags = (*CFLAGS, "-fno-omit-frame-pointer", *SANITIZERS[sanitizer], *defines)
+    header = nvml_header()
+    beside = sorted([*main_source.parent.glob("*.c"), *main_source.parent.glob("*.h")])
+    key = _key(header, (*flags, main_source.name), *beside)
+
+    def compile_into(program: Path) -> None:
+        _compile(header, program.parent, flags, str(main_source), "-o", str(program))
+
+    built = _cached(f"{main_source.stem}-{key}", main_source.stem, compile_into)
+    return Path(shutil.copy2(built, output))
 
 
 def fuzz_target(main_source: Path, output: Path, *defines: str) -> Path:
@@ -306,7 +318,7 @@ def stub_source(header: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _key(header: Path, flags: tuple[str, ...]) -> str:
+def _key(header: Path, flags: tuple[str, ...], *more: Path) -> str:
     digest = hashlib.sha256()
     for path in (
         header,
@@ -314,6 +326,7 @@ def _key(header: Path, flags: tuple[str, ...]) -> str:
         NATIVE_DIR / "exports.map",
         *(NATIVE_DIR / n for n in SOURCES),
         *(SHARED_DIR / n for n in SHARED_SOURCES),
+        *more,
     ):
         digest.update(path.read_bytes())
     for path in sorted([*NATIVE_DIR.glob("*.h"), *SHARED_DIR.glob("*.h")]):
