@@ -17,7 +17,6 @@ import os
 import resource
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -31,6 +30,7 @@ from deviceplugin.model.config_keys import MAX_CONFIG_BYTES
 
 SEED = CONFIG.format(replicas=2)
 DEVICEPLUGIN = str(Path(sys.executable).with_name("deviceplugin"))
+LISTENING = '"event":"http.listening"'  # serve's JSON log line with its bound port
 
 
 def last_reload_successful(plugin: Plugin) -> float | None:
@@ -158,6 +158,7 @@ def big_config() -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.slow
 def test_a_1_mib_config_is_parsed_while_everything_is_served() -> None:
     text = big_config()
 
@@ -289,27 +290,34 @@ def test_sigterm_and_healthz_are_answered_with_a_fifo_as_config(tmp_path: Path) 
         await kubelet.start()
         config = tmp_path / "config.yaml"
         config.write_text(SEED)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        proc = await asyncio.create_subprocess_exec(
-            DEVICEPLUGIN,
-            "serve",
-            "--kubelet-dir",
-            str(kubelet_dir),
-            "--cdi-spec-dir",
-            str(tmp_path / "cdi"),
-            "--simulate",
-            "a100-80gb-x8-mixed",
-            "--config-file",
-            str(config),
-            "--http-address",
-            f"127.0.0.1:{port}",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
+        log = tmp_path / "serve.log"
+        with log.open("wb") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                DEVICEPLUGIN,
+                "serve",
+                "--kubelet-dir",
+                str(kubelet_dir),
+                "--cdi-spec-dir",
+                str(tmp_path / "cdi"),
+                "--simulate",
+                "a100-80gb-x8-mixed",
+                "--config-file",
+                str(config),
+                "--http-address",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=stderr,
+            )
         try:
             assert await kubelet.wait_for(lambda: kubelet.allocatable(MIG) == 28, WAIT)
+            await until(lambda: LISTENING in log.read_text())
+            port = next(
+                json.loads(line)["port"]
+                for line in log.read_text().splitlines()
+                if LISTENING in line
+            )
             config.unlink()
             os.mkfifo(config)
 

@@ -245,10 +245,10 @@ def test_from_a_live_plugin(root: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_from_an_unreachable_address(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    assert inspect(settings_for(root, source=f"http://127.0.0.1:{port}")) == 1
+    with socket.socket() as bound:  # bound, never listening: refused, and no one else's port
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        assert inspect(settings_for(root, source=f"http://127.0.0.1:{port}")) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert f"cannot read http://127.0.0.1:{port}/status" in captured.err
