@@ -14,6 +14,7 @@ import pytest
 from bench import migprepare
 
 
+@pytest.mark.slow
 def test_two_rounds_cut_every_1g10gb_placement_twice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(migprepare, "ROUNDS", 2)
     with tempfile.TemporaryDirectory(prefix="dpbm", dir="/tmp") as root:  # short socket paths

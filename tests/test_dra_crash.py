@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
+from suites import first_quick
 
 from deviceplugin.dra.checkpoint import read_boot_id
 from deviceplugin.dra.failpoints import (
@@ -102,7 +103,7 @@ async def node() -> AsyncIterator[Node]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.parametrize("point", [PREPARE_AFTER_CDI_SPEC, PREPARE_AFTER_CHECKPOINT])
+@pytest.mark.parametrize("point", first_quick([PREPARE_AFTER_CDI_SPEC, PREPARE_AFTER_CHECKPOINT]))
 def test_a_driver_killed_during_prepare_prepares_the_claim_once_on_the_retry(point: str) -> None:
     async def body() -> None:
         async with node() as here:

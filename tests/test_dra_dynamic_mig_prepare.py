@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pynvml
 import pytest
+from suites import first_quick
 from test_dra_crash import TIMEOUT, until
 
 from deviceplugin.cli import SERVE_ENV_VARS
@@ -246,12 +247,14 @@ async def serve(root: Path, url: str, library: Path, **env: str) -> asyncio.subp
 
 @pytest.mark.parametrize(
     "point",
-    [
-        PREPARE_AFTER_GPU_INSTANCE,
-        PREPARE_AFTER_COMPUTE_INSTANCE,
-        PREPARE_AFTER_CDI_SPEC,
-        PREPARE_AFTER_CHECKPOINT,
-    ],
+    first_quick(
+        [
+            PREPARE_AFTER_GPU_INSTANCE,
+            PREPARE_AFTER_COMPUTE_INSTANCE,
+            PREPARE_AFTER_CDI_SPEC,
+            PREPARE_AFTER_CHECKPOINT,
+        ]
+    ),
 )
 def test_a_driver_killed_while_cutting_leaves_one_prepared_claim_and_no_orphan(point: str) -> None:
     async def body() -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pynvml as n
 import pytest
-from test_sim_library import opened, sim_root
+from test_sim_library import opened
 from test_sim_library_memory_limits import GIB, WHOLE_A100, get_limits, memory_total, own_cgroup
 
 from deviceplugin.sim.hostroot import LIBRARY_DIR
@@ -24,8 +25,8 @@ STATE = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": 1, "bun
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Any:
-    directory = sim_root("a100-80gb-x8-mixed", tmp_path / "root")
+def root(tmp_path: Path, fresh_sim_root: Callable[[str, Path], Path]) -> Any:
+    directory = fresh_sim_root("a100-80gb-x8-mixed", tmp_path / "root")
     (tmp_path / "records").mkdir()
     nvml = opened(directory)
     yield directory

@@ -3,24 +3,26 @@ unix sockets, as the kubelet drives it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from harness import GPU, MIG, SEED, run, running_plugin
-from test_sim_library import sim_root
 
 from deviceplugin.sim.kubelet import KubeletEmulator
 
 
 @pytest.fixture(params=["simulate", "driver-root"])
-def plugin_flags(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+def plugin_flags(
+    request: pytest.FixtureRequest, tmp_path: Path, fresh_sim_root: Callable[[str, Path], Path]
+) -> dict[str, Any]:
     """`serve --simulate a100-80gb-x8-mixed`, or `serve --nvidia-driver-root` on that node's
     sim-root: nvidia-ml-py on the simulated libnvidia-ml.so.1, the production path."""
     if request.param == "simulate":
         return {}
-    return {"driver_root": sim_root("a100-80gb-x8-mixed", tmp_path / "root")}
+    return {"driver_root": fresh_sim_root("a100-80gb-x8-mixed", tmp_path / "root")}
 
 
 def test_seed_config_registers_replicas_and_mig_devices(plugin_flags: dict[str, Any]) -> None:

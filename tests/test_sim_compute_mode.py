@@ -4,6 +4,7 @@ EXCLUSIVE_PROCESS), refused as NVML refuses them, forgotten by `sim-root` again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,8 @@ WHOLE = 4  # a100-80gb-x8-mixed: GPUs 0 to 3 have MIG on, 4 to 7 are whole
 
 
 @pytest.fixture
-def a100(tmp_path: Path) -> Any:
-    root = sim_root("a100-80gb-x8-mixed", tmp_path / "root")
+def a100(tmp_path: Path, fresh_sim_root: Callable[[str, Path], Path]) -> Any:
+    root = fresh_sim_root("a100-80gb-x8-mixed", tmp_path / "root")
     nvml = opened(root)
     yield root
     nvml.shutdown()

@@ -88,6 +88,7 @@ def rss_kib() -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.slow
 def test_a_million_lines_nobody_waits_for_leave_memory_flat(tmp_path: Path) -> None:
     node = SimNode(tmp_path, [gpu(0)])
     events, _ = node.nvml.event_set([gpu_uuid(0)])

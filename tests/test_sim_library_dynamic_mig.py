@@ -6,6 +6,7 @@ following it."""
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,8 @@ EMPTY_A100 = 4  # a100-80gb-x8-mixed: GPUs 4 to 7 are whole, MIG off (Ampere)
 
 
 @pytest.fixture
-def a100(tmp_path: Path) -> Any:
-    root = sim_root("a100-80gb-x8-mixed", tmp_path / "root")
+def a100(tmp_path: Path, fresh_sim_root: Callable[[str, Path], Path]) -> Any:
+    root = fresh_sim_root("a100-80gb-x8-mixed", tmp_path / "root")
     nvml = opened(root)
     yield root
     nvml.shutdown()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ def own_cgroup() -> str:
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Any:
-    directory = sim_root("a100-80gb-x8-mixed", tmp_path / "root")
+def root(tmp_path: Path, fresh_sim_root: Callable[[str, Path], Path]) -> Any:
+    directory = fresh_sim_root("a100-80gb-x8-mixed", tmp_path / "root")
     nvml = opened(directory)
     yield directory
     nvml.shutdown()

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from suites import first_quick
 from test_sim_library import sim_root
 
 from deviceplugin.sim.hostroot import EVENTS_FILE, LIBRARY_NODE_FILE
@@ -18,7 +19,7 @@ from deviceplugin.sim.libbuild import sanitized_program
 SELFTEST = Path(__file__).parent / "native" / "simlib_selftest.c"
 
 
-@pytest.fixture(scope="module", params=["address", "thread"])
+@pytest.fixture(scope="module", params=first_quick(["address", "thread"]))
 def selftest(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp(request.param)
     return sanitized_program(SELFTEST, folder / "simlib_selftest", request.param)
