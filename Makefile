@@ -33,8 +33,10 @@ BYTECODE := $(PY) -m compileall -q deviceplugin >/dev/null
 # A new test that takes seconds (daemons in processes, a long campaign) is marked
 # `@pytest.mark.slow` or `@pytest.mark.fuzz` (or a module's `pytestmark = pytest.mark.slow`);
 # a Hypothesis test is found by itself.
+# Each module runs whole on one worker (--dist loadscope): its module fixtures are made once,
+# and its tests run in file order, as with a bare `pytest`.
 SIM_LIBRARY := $(PY) -m deviceplugin.sim.libbuild >/dev/null
-PYTEST := $(PY) -m pytest -n auto
+PYTEST := $(PY) -m pytest -n auto --dist loadscope
 
 test: $(STAMP)
 	$(BYTECODE)

@@ -263,11 +263,18 @@ def test_without_nvml_fail_on_init_error_decides_exit_or_idle() -> None:
         assert await asyncio.wait_for(failing.wait(), 10) == 1
         assert b"nvml.init.failed" in await failing.stderr.read()  # type: ignore[union-attr]
         idle = await _serve_process(kdir, "--fail-on-init-error", "false")
+        stderr = idle.stderr
+        assert stderr is not None
+
+        async def unavailable() -> None:  # logged once its signal handlers are in place
+            while b"nvml.unavailable" not in await stderr.readline():
+                assert not stderr.at_eof(), "exited without saying NVML is unavailable"
+
+        await asyncio.wait_for(unavailable(), 30)
         await asyncio.sleep(1.0)
         assert idle.returncode is None, "idles instead of exiting"
         idle.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(idle.wait(), 5) == 0
-        assert b"nvml.unavailable" in await idle.stderr.read()  # type: ignore[union-attr]
 
     run(body())
 

@@ -153,6 +153,8 @@ def test_each_line_is_read_once_however_appends_are_split(
     assert got == xids
 
 
+@pytest.mark.slow  # where the property runs with all its examples
 def test_the_generated_nodes_include_accepted_ones() -> None:
-    """Runs after the property (file order): it must have checked some accepted nodes."""
+    """Runs after the property (file order, one worker per module): it must have checked some
+    accepted nodes."""
     assert len(ACCEPTED) >= 5, ACCEPTED
