@@ -85,8 +85,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept
-    config.stash[LEFT_KEY] = Counter(
-        (TARGETS[suite_of(item)], item.nodeid.split("::")[0]) for item in left
+    config.stash[LEFT_KEY] = Counter(  # what the quick suite leaves: the others leave quick ones
+        (TARGETS[kind], item.nodeid.split("::")[0])
+        for item in left
+        if (kind := suite_of(item)) in TARGETS
     )
     config.stash[CAPPED_KEY] = (
         sum(item.get_closest_marker("property") is not None for item in kept)
