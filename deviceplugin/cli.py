@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,12 @@ _DRA_FLAGS: dict[str, tuple[str, str, str]] = {
         MIG_MODE_ENV,
         f"{' or '.join(MIG_MODES)}: with dynamic, each MIG-capable GPU is published whole and as"
         " every MIG profile x placement, packed by shared counters (default static)",
+    ),
+    "mps-shared-namespaces": (
+        "mps_shared_namespaces",
+        "DP_DRA_MPS_SHARED_NAMESPACES",
+        "groups of namespaces whose claims may share a device's MPS daemon, as 'a,b;c,d'"
+        " (default: none, each namespace's claims get a device's daemon alone)",
     ),
 }
 # `serve` only: per-node configuration by node label and GPU node labels, the two features for
@@ -354,6 +361,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> CommandOptions
         except ValueError as err:
             parser.error(f"--mig-mode / {MIG_MODE_ENV} {err}")
     options = _options(command, values, runtime, env, log_format, taint, gpu_labels, (sharing, mig))
+    if isinstance(options, DraServeOptions):
+        options = _with_mps_tenancy(parser, options, runtime["mps_shared_namespaces"])
     problem = _path_problem(options)
     if problem is not None:
         parser.error(problem)
@@ -450,6 +459,23 @@ def _options(
     return (
         DraDemoOptions(log_format=logs) if command == "dra demo" else DemoOptions(log_format=logs)
     )
+
+
+def _with_mps_tenancy(
+    parser: argparse.ArgumentParser, options: DraServeOptions, value: str | None
+) -> DraServeOptions:
+    """`options` with the groups of `--mps-shared-namespaces`; exits 2 saying what is wrong."""
+    from deviceplugin.dra.mpstenants import (
+        SHARED_NAMESPACES_ENV,
+        SHARED_NAMESPACES_FLAG,
+        shared_namespaces,
+    )
+
+    try:
+        groups = shared_namespaces(value)
+    except ValueError as err:
+        parser.error(f"{SHARED_NAMESPACES_FLAG} / {SHARED_NAMESPACES_ENV}: {err}")
+    return replace(options, mps_shared_namespaces=groups)
 
 
 def _path_problem(settings: CommandOptions) -> str | None:
