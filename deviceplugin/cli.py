@@ -16,6 +16,7 @@ from typing import Any
 from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.model.configselect import CONFIG_LABEL
+from deviceplugin.model.hostpaths import socket_path_problem
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
 from deviceplugin.model.memoryshares import (
     GPU_SHARING,
@@ -483,13 +484,11 @@ def _path_problem(settings: CommandOptions) -> str | None:
     driver name becomes part of paths, so it must be what Kubernetes allows."""
     if not isinstance(settings, DaemonOptions):
         return None
-    from deviceplugin.node.unixgrpc import socket_path_problem
-
     cdi = settings.cdi_spec_dir
     if cdi.exists() and not cdi.is_dir():
         return f"--cdi-spec-dir / DP_CDI_SPEC_DIR: {cdi} is not a directory"
     if isinstance(settings, ServeOptions):
-        problem = socket_path_problem(settings.kubelet_dir / "kubelet.sock")
+        problem = socket_path_problem(str(settings.kubelet_dir / "kubelet.sock"))
         return f"--kubelet-dir / DP_KUBELET_DIR: {problem}" if problem else None
     assert isinstance(settings, DraServeOptions)
     problem = dns_subdomain_problem(settings.driver_name, DRIVER_NAME_MAX)
@@ -499,7 +498,7 @@ def _path_problem(settings: CommandOptions) -> str | None:
 
     root, driver = settings.kubelet_root, settings.driver_name
     for socket in (registration_socket(root, driver), dra_socket(root, driver)):
-        problem = socket_path_problem(socket)
+        problem = socket_path_problem(str(socket))
         if problem is not None:
             return f"--kubelet-root / DP_KUBELET_ROOT: {problem}"
     return None

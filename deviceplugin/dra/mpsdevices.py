@@ -39,6 +39,7 @@ from deviceplugin.dra.checkpoint import MpsDaemon, PreparedClaim
 from deviceplugin.dra.mpsclient import DaemonHome
 from deviceplugin.dra.mpstenants import MpsTenancy
 from deviceplugin.model.errors import ConfigError, DevicePluginError
+from deviceplugin.model.hostpaths import MPS_CONTROL_SOCKET
 from deviceplugin.model.log import log_event
 from deviceplugin.model.mps import DaemonSpec
 from deviceplugin.node.mpsdaemon import (
@@ -54,7 +55,6 @@ logger = logging.getLogger(__name__)
 
 HOMES_DIR = "mps"  # under the plugin directory
 PID_FILE = "nvidia-cuda-mps-control.pid"  # in the pipe directory, as NVIDIA's daemon keeps it
-SOCKET = "control"
 
 SetComputeMode = Callable[[str, int], Awaitable[None]]
 
@@ -294,6 +294,6 @@ def _pid(pipe_dir: str) -> int:
 
 def _clean(pipe_dir: str) -> None:
     """A dead daemon's socket and pid file removed; the directory stays (containers mount it)."""
-    for name in (SOCKET, PID_FILE):
+    for name in (MPS_CONTROL_SOCKET, PID_FILE):
         with contextlib.suppress(FileNotFoundError):
             (Path(pipe_dir) / name).unlink()
