@@ -375,8 +375,8 @@ class Preparer:
         return self.cdi_dir / spec_file_name(self.driver, uid)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
-        """One outcome per claim UID. Claims not yet prepared are read from the API server
-        concurrently, before the lock is taken."""
+        """One outcome per claim UID. Claims not yet prepared are read from the API server, and
+        their opaque config parsed (`_configured`), concurrently, before the lock is taken."""
         outcomes = {
             uid: Outcome(error=why, reason=INVALID_REFERENCE)
             for uid, why in _refused(claims).items()
