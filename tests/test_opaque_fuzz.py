@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hypothesis import example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from deviceplugin.dra.mpsclient import DaemonHome, client_edits
@@ -20,7 +20,7 @@ from deviceplugin.dra.opaquetypes import STRATEGIES, OpaqueConfigError
 
 DRIVER = "gpu.nvidia.com"
 UUID = "GPU-4cf8db2d-06c0-7d70-1a51-e59b25b2c16c"
-FUZZ = settings(max_examples=100, deadline=None)
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 HOME = DaemonHome.under(Path("/run/mps"), "gpu-0")
 LONGEST_MESSAGE = 8 * MAX_PARAMETERS  # a quoted value is at most the parameters' size, escaped
 
