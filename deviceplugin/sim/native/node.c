@@ -299,10 +299,12 @@ static int read_state_gpu(parse_state *st, const json *g, sim_gpu *gpu) {
 int sim_state_parse(sim_node *node, const char *text, size_t length, char *error, size_t size) {
     parse_state st = {{0}, {0}};
     unsigned long long created = 0;
+    unsigned format = 0;
     json *doc = json_parse(text, length, st.error, sizeof st.error);
     sim_node *scratch = doc ? malloc(sizeof *scratch) : NULL;
     const json *gpus = scratch ? get_array(&st, doc, "gpus", SIM_MAX_GPUS) : NULL;
-    int ok = gpus && get_uint(&st, doc, "created", ~0ull >> 1, &created);
+    int ok = gpus && get_u(&st, doc, "format", &format) && get_uint(&st, doc, "created", ~0ull >> 1, &created);
+    if (ok && format != 1) ok = bad(&st, "format", "is not 1 (written by another deviceplugin release)");
     if (ok && json_length(gpus) != node->gpu_count) ok = bad(&st, "gpus", "is not one entry per GPU of the node");
     if (ok) {
         memcpy(scratch, node, sizeof *scratch);
