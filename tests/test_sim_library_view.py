@@ -21,7 +21,7 @@ from deviceplugin.sim.hostroot import (
     EVENTS_FILE,
     LIBRARY_DIR,
     LIBRARY_NODE_FILE,
-    gpu_instance_minor,
+    mig_device_minors,
 )
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
 from testbed.simnvml import mig_layout, on_library
@@ -90,12 +90,6 @@ def enumerated(tree: Path, node: Node) -> dict[str, Any]:
     return found
 
 
-def mig_caps(gpu_minor: int, gpu_instance: int, compute_instance: int) -> list[int]:
-    """The GPU-instance and compute-instance capability minors of one MIG device."""
-    access = gpu_instance_minor(gpu_minor, gpu_instance)
-    return [access, access + 1 + compute_instance]
-
-
 def test_a_container_with_gpus_4_and_6_sees_two_gpus_4_first(
     a100: Path, node: Node, tmp_path: Path
 ) -> None:
@@ -138,7 +132,7 @@ def test_a_mig_device_is_seen_only_with_its_capabilities(
 ) -> None:
     gpu = node.gpus[MIG_GPU]
     mig = gpu.mig_devices[3]
-    caps = mig_caps(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
+    caps = mig_device_minors(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
     (layout,) = mig_layout(container(a100, tmp_path / "one", [gpu.minor], caps))
     assert (layout["index"], layout["uuid"], layout["minor"]) == (0, gpu.uuid, gpu.minor)
     assert layout["migDevices"] == [
@@ -159,7 +153,7 @@ def test_a_hidden_mig_device_is_not_found_nor_changed(
 ) -> None:
     gpu = node.gpus[MIG_GPU]
     mine, other = gpu.mig_devices[0], gpu.mig_devices[1]
-    caps = mig_caps(gpu.minor, mine.gpu_instance_id, mine.compute_instance_id)
+    caps = mig_device_minors(gpu.minor, mine.gpu_instance_id, mine.compute_instance_id)
     tree = container(a100, tmp_path, [gpu.minor], caps)
     script = f"""
 def outcome(call, *args):
@@ -194,7 +188,7 @@ def test_events_of_a_hidden_mig_device_are_not_delivered(
 ) -> None:
     gpu = node.gpus[MIG_GPU]
     mine, other = gpu.mig_devices[2], gpu.mig_devices[5]
-    caps = mig_caps(gpu.minor, mine.gpu_instance_id, mine.compute_instance_id)
+    caps = mig_device_minors(gpu.minor, mine.gpu_instance_id, mine.compute_instance_id)
     tree = container(a100, tmp_path, [gpu.minor], caps)
     lines = [{"uuid": other.uuid, "xid": 31}, {"uuid": mine.uuid, "xid": 43}]
     script = f"""
