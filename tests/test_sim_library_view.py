@@ -23,7 +23,7 @@ from deviceplugin.sim.hostroot import (
     LIBRARY_NODE_FILE,
     mig_device_minors,
 )
-from deviceplugin.sim.node import Node, read_node, resolve_node_path
+from deviceplugin.sim.node import Node, SimGpu, SimMig, read_node, resolve_node_path
 from testbed.simnvml import mig_layout, on_library
 
 PRESET = "a100-80gb-x8-mixed"  # GPUs 0 to 3 in MIG mode with seven 1g.10gb each, 4 to 7 whole
@@ -80,6 +80,13 @@ def container(root: Path, where: Path, gpus: Iterable[int], caps: Iterable[int] 
     return where
 
 
+def holding_mig(root: Path, where: Path, gpu: SimGpu, mig: SimMig, *more_caps: int) -> Path:
+    """The tree of a container holding MIG device `mig` of `gpu`: the GPU's node and the
+    MIG device's two capability nodes (and `more_caps`)."""
+    caps = mig_device_minors(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
+    return container(root, where, [gpu.minor], [*caps, *more_caps])
+
+
 def enumerated(tree: Path, node: Node) -> dict[str, Any]:
     """What `ENUMERATED` prints on the library under `tree`, looking up every GPU of `node`."""
     lookups = (
@@ -132,8 +139,7 @@ def test_a_mig_device_is_seen_only_with_its_capabilities(
 ) -> None:
     gpu = node.gpus[MIG_GPU]
     mig = gpu.mig_devices[3]
-    caps = mig_device_minors(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
-    (layout,) = mig_layout(container(a100, tmp_path / "one", [gpu.minor], caps))
+    (layout,) = mig_layout(holding_mig(a100, tmp_path / "one", gpu, mig))
     assert (layout["index"], layout["uuid"], layout["minor"]) == (0, gpu.uuid, gpu.minor)
     assert layout["migDevices"] == [
         {"gi": mig.gpu_instance_id, "ci": mig.compute_instance_id, "uuid": mig.uuid}
@@ -153,8 +159,6 @@ def test_a_hidden_mig_device_is_not_found_nor_changed(
 ) -> None:
     gpu = node.gpus[MIG_GPU]
     mine, other = gpu.mig_devices[0], gpu.mig_devices[1]
-    caps = mig_device_minors(gpu.minor, mine.gpu_instance_id, mine.compute_instance_id)
-    tree = container(a100, tmp_path, [gpu.minor], caps)
     script = f"""
 def outcome(call, *args):
     try:
@@ -170,14 +174,14 @@ print(json.dumps([
     outcome(n.nvmlDeviceCreateGpuInstance, gpu, 19),
 ]))
 """
-    assert json.loads(on_library(tree, script)) == [
+    assert json.loads(on_library(holding_mig(a100, tmp_path / "pod", gpu, mine), script)) == [
         "found",
         n.NVML_ERROR_NOT_FOUND,
         n.NVML_ERROR_NOT_FOUND,
         n.NVML_ERROR_NOT_FOUND,
         n.NVML_ERROR_NO_PERMISSION,
     ]
-    with_config = container(a100, tmp_path / "config", [gpu.minor], [*caps, CONFIG])
+    with_config = holding_mig(a100, tmp_path / "config", gpu, mine, CONFIG)
     created = "print(n.nvmlDeviceCreateGpuInstance(gpu, 19) is not None)"
     with pytest.raises(RuntimeError, match="NVMLError_InsufficientResources"):
         on_library(with_config, created)  # allowed, and the GPU is full
@@ -188,8 +192,6 @@ def test_events_of_a_hidden_mig_device_are_not_delivered(
 ) -> None:
     gpu = node.gpus[MIG_GPU]
     mine, other = gpu.mig_devices[2], gpu.mig_devices[5]
-    caps = mig_device_minors(gpu.minor, mine.gpu_instance_id, mine.compute_instance_id)
-    tree = container(a100, tmp_path, [gpu.minor], caps)
     lines = [{"uuid": other.uuid, "xid": 31}, {"uuid": mine.uuid, "xid": 43}]
     script = f"""
 events = n.nvmlEventSetCreate()
@@ -199,7 +201,7 @@ with open({str(a100 / EVENTS_FILE)!r}, "a") as stream:
 data = n.nvmlEventSetWait_v2(events, 10000)
 print(json.dumps([data.eventData, data.gpuInstanceId, data.computeInstanceId]))
 """
-    assert json.loads(on_library(tree, script)) == [
+    assert json.loads(on_library(holding_mig(a100, tmp_path, gpu, mine), script)) == [
         43,
         mine.gpu_instance_id,
         mine.compute_instance_id,
