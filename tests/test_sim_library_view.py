@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -122,6 +124,22 @@ def test_the_host_and_a_tree_without_device_nodes_see_every_gpu(
         seen = enumerated(tree, node)
         assert seen["gpus"] == every
         assert list(seen["byUuid"].values()) == [gpu.index for gpu in node.gpus]
+
+
+def test_a_container_with_the_control_node_alone_sees_no_gpu(a100: Path, tmp_path: Path) -> None:
+    """As the real driver: nvidiactl without a GPU's node is a container holding none."""
+    tree = container(a100, tmp_path, [])
+    (tree / "dev").mkdir()
+    (tree / "dev" / "nvidiactl").touch()
+    library = tree / LIBRARY_DIR / "libnvidia-ml.so.1"
+    script = (
+        f"import ctypes, os, pynvml as n; ctypes.CDLL({str(library)!r}, mode=os.RTLD_GLOBAL); "
+        "n.nvmlInit(); print(n.nvmlDeviceGetCount())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (0, "0\n"), done.stderr
 
 
 def test_index_0_is_the_gpu_held_with_its_own_memory(tmp_path: Path) -> None:

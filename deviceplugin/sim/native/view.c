@@ -8,8 +8,9 @@
  *
  *  - A GPU is seen when DEV/nvidia<minor> exists. The GPUs seen keep the node's order (the
  *    driver's PCI order) and are numbered from 0 in it, so a container's index 0 is the first
- *    GPU it holds. A dev root holding no node of any of the node's GPUs (none at all, or a node
- *    file read without its sim-root) shows every GPU and instance, as it always did.
+ *    GPU it holds. A dev root without the driver's nodes (neither nvidiactl nor any of the
+ *    node's GPUs: none at all, or a node file read without its sim-root) shows every GPU and
+ *    instance, as it always did.
  *  - Once GPUs are told apart, a GPU instance is seen when the node of its access capability
  *    (DEV/nvidia-caps/nvidia-cap<minor>, the driver's minor for gpu<minor>/gi<id>/access) exists,
  *    a compute instance (a MIG device) when its own node does too; the mig/monitor capability
@@ -28,8 +29,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define CONFIG_CAPABILITY 1u
-#define MONITOR_CAPABILITY 2u
+#define CONFIG_CAPABILITY 1
+#define MONITOR_CAPABILITY 2
 #define CAP_PREFIX "nvidia-cap"
 
 void sim_view_all(sim_node *node) {
@@ -42,11 +43,13 @@ void sim_view_all(sim_node *node) {
     node->mig_config = 1;
 }
 
-static int node_exists(const char *dev, const char *format, unsigned long long minor) {
-    char path[PATH_MAX], name[64];
+/* Whether DEV/<prefix><minor> (DEV/<prefix> without a minor) exists. */
+static int node_exists(const char *dev, const char *prefix, long long minor) {
+    char path[PATH_MAX];
     struct stat info;
-    snprintf(name, sizeof name, format, minor);
-    return snprintf(path, sizeof path, "%s/%s", dev, name) < (int)sizeof path && stat(path, &info) == 0;
+    int length = minor < 0 ? snprintf(path, sizeof path, "%s/%s", dev, prefix)
+                           : snprintf(path, sizeof path, "%s/%s%lld", dev, prefix, minor);
+    return length < (int)sizeof path && stat(path, &info) == 0;
 }
 
 /* The capability minors DEV/nvidia-caps holds, as bits. */
@@ -65,17 +68,17 @@ static void read_capabilities(sim_node *node, const char *dev) {
 }
 
 void sim_view_open(sim_node *node, const char *dev) {
-    int held[SIM_MAX_GPUS] = {0}, any = 0;
+    int held[SIM_MAX_GPUS] = {0}, any = node_exists(dev, "nvidiactl", -1);
     sim_view_all(node);
-    for (unsigned i = 0; i < node->gpu_count; i++) any |= held[i] = node_exists(dev, "nvidia%llu", node->gpus[i].minor);
+    for (unsigned i = 0; i < node->gpu_count; i++) any |= held[i] = node_exists(dev, "nvidia", node->gpus[i].minor);
     if (!any) return;
     node->view_count = 0;
     for (unsigned i = 0; i < node->gpu_count; i++) {
         node->gpus[i].hidden = !held[i];
         if (held[i]) node->gpus[i].view_index = node->view_count++;
     }
-    node->mig_config = node_exists(dev, "nvidia-caps/" CAP_PREFIX "%llu", CONFIG_CAPABILITY);
-    if (node_exists(dev, "nvidia-caps/" CAP_PREFIX "%llu", MONITOR_CAPABILITY)) return;
+    node->mig_config = node_exists(dev, "nvidia-caps/" CAP_PREFIX, CONFIG_CAPABILITY);
+    if (node_exists(dev, "nvidia-caps/" CAP_PREFIX, MONITOR_CAPABILITY)) return;
     node->caps_restricted = 1;
     memset(node->caps, 0, sizeof node->caps);
     read_capabilities(node, dev);
