@@ -1,0 +1,53 @@
+"""asyncio loaded without `ssl` (`runtime/asyncioimport.py`), as the entry point loads it: the
+daemons start without OpenSSL, and TLS still works once the Kubernetes client is imported, on
+asyncio's own TLS transports too. Each case runs in a fresh interpreter, where asyncio is not
+loaded yet (pytest's own process has it, with `ssl`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+
+
+def _fresh(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_asyncio_loads_without_ssl_and_ssl_stays_importable() -> None:
+    done = _fresh(
+        "import sys\n"
+        "import deviceplugin.runtime.asyncioimport\n"
+        "import asyncio, asyncio.sslproto\n"
+        "assert 'ssl' not in sys.modules, 'asyncio loaded ssl'\n"
+        "assert asyncio.sslproto.ssl is None\n"
+        "import ssl\n"
+        "print(ssl.OPENSSL_VERSION)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "OpenSSL" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl to make certificates")
+def test_https_works_once_the_kubernetes_client_is_imported(tmp_path: Path) -> None:
+    """The kubeclient's HTTPS test, on asyncio loaded without ssl: its server is asyncio's
+    TLS transport, its client httpx on anyio."""
+    done = _fresh(
+        "import sys\n"
+        "import deviceplugin.runtime.asyncioimport\n"
+        "assert 'ssl' not in sys.modules\n"
+        "sys.path.insert(0, sys.argv[1])\n"
+        "from pathlib import Path\n"
+        "import test_kubeclient\n"
+        "test_kubeclient.test_https_is_verified_against_the_clusters_ca(Path(sys.argv[2]))\n",
+        str(TESTS),
+        str(tmp_path),
+    )
+    assert done.returncode == 0, done.stderr
