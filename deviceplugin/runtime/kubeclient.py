@@ -39,10 +39,11 @@ from lightkube.types import PatchType
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.yamlimport import yaml
-from deviceplugin.runtime.asyncioimport import with_tls
+from deviceplugin.runtime.leanimports import with_tls, without_http2
 
 T = TypeVar("T")
 with_tls()  # httpx speaks TLS through anyio; asyncio's own TLS then works too
+without_http2()  # no client here asks for HTTP/2
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 CONNECT_SECONDS = 5.0  # to open a connection

@@ -1,7 +1,8 @@
-"""asyncio loaded without `ssl` (`runtime/asyncioimport.py`), as the entry point loads it: the
-daemons start without OpenSSL, and TLS still works once the Kubernetes client is imported, on
-asyncio's own TLS transports too. Each case runs in a fresh interpreter, where asyncio is not
-loaded yet (pytest's own process has it, with `ssl`)."""
+"""Libraries loaded without what no daemon uses (`runtime/leanimports.py`), as the entry point
+loads them: asyncio without `ssl`, so the daemons start without OpenSSL, and TLS still works
+once the Kubernetes client is imported, on asyncio's own TLS transports too; httpcore without
+h2. Each case runs in a fresh interpreter, where asyncio is not loaded yet (pytest's own
+process has it, with `ssl`)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _fresh(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_asyncio_loads_without_ssl_and_ssl_stays_importable() -> None:
     done = _fresh(
         "import sys\n"
-        "import deviceplugin.runtime.asyncioimport\n"
+        "import deviceplugin.runtime.leanimports\n"
         "import asyncio, asyncio.sslproto\n"
         "assert 'ssl' not in sys.modules, 'asyncio loaded ssl'\n"
         "assert asyncio.sslproto.ssl is None\n"
@@ -35,13 +36,26 @@ def test_asyncio_loads_without_ssl_and_ssl_stays_importable() -> None:
     assert "OpenSSL" in done.stdout
 
 
+def test_the_kubernetes_client_loads_no_http2() -> None:
+    done = _fresh(
+        "import sys\n"
+        "import deviceplugin.runtime.leanimports\n"
+        "from deviceplugin.runtime.kubeclient import connect\n"
+        "connect(None, {}, 'http://127.0.0.1:1')\n"
+        "http2 = ('h2', 'hpack', 'hyperframe')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in http2))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl to make certificates")
 def test_https_works_once_the_kubernetes_client_is_imported(tmp_path: Path) -> None:
     """The kubeclient's HTTPS test, on asyncio loaded without ssl: its server is asyncio's
     TLS transport, its client httpx on anyio."""
     done = _fresh(
         "import sys\n"
-        "import deviceplugin.runtime.asyncioimport\n"
+        "import deviceplugin.runtime.leanimports\n"
         "assert 'ssl' not in sys.modules\n"
         "sys.path.insert(0, sys.argv[1])\n"
         "from pathlib import Path\n"
