@@ -29,6 +29,7 @@ from deviceplugin.dra.registration import PLUGIN_TYPE, SUPPORTED_SERVICES
 from deviceplugin.model.slices import build_devices, build_slices
 from deviceplugin.sim.node import resolve_node_path
 from deviceplugin.wire.pluginregistration.v1 import api_pb2
+from testbed.budgets import DRA_SERVE_RSS_MIB
 from testbed.plugins import write_kubeconfig
 from testbed.process import Child
 
@@ -39,7 +40,7 @@ TIMEOUT = 30.0
 POLL = 0.001
 IDLE = 1.0  # seconds after publishing before RSS is read, as for `serve`
 START_TARGET = 3.0  # exec → published, times the floor's of the same run
-RSS_TARGET = 60.0  # MiB once published
+RSS_TARGET = DRA_SERVE_RSS_MIB  # once published (testbed/budgets.py, asserted by make test)
 MIB = 1024 * 1024
 
 
