@@ -42,7 +42,7 @@ TIMEOUT = 30.0  # only a broken plugin takes this long; a slow one is a "miss", 
 ECHO_RESOURCE = "bench.example/echo"
 MIB = 1024 * 1024
 START_TARGET = 1.5  # exec → registered, times the echo's of the same run
-RSS_TARGET = SERVE_RSS_MIB  # idle and after the Allocates (testbed/budgets.py, asserted by make test)
+RSS_TARGET = SERVE_RSS_MIB  # idle and after the Allocates (testbed/budgets.py; make test holds it)
 RSS_OVER_ECHO = 7.0  # MiB over the echo's RSS of the same run, the same goal on any machine
 ALLOCATE_TARGET = 1.1  # Allocate median, times the echo's
 
