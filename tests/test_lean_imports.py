@@ -36,6 +36,32 @@ def test_asyncio_loads_without_ssl_and_ssl_stays_importable() -> None:
     assert "OpenSSL" in done.stdout
 
 
+def test_the_kubernetes_client_runs_its_deferred_modules_only_when_used() -> None:
+    """After a call to an API server, lightkube's typed core/v1 models are still unrun; used,
+    they run as if imported at once."""
+    done = _fresh(
+        "import asyncio, sys\n"
+        "import deviceplugin.runtime.leanimports\n"
+        "from deviceplugin.runtime.kubeclient import NODES, KubeError, connect\n"
+        "async def call():\n"
+        "    client = connect(None, {}, 'http://127.0.0.1:1')\n"
+        "    try:\n"
+        "        await client.get(NODES, 'n')\n"
+        "    except KubeError:\n"
+        "        pass\n"
+        "    await client.close()\n"
+        "asyncio.run(call())\n"
+        "from deviceplugin.runtime.leanimports import DEFERRED\n"
+        "print(sorted(type(sys.modules[n]).__name__ for n in DEFERRED))\n"
+        "from lightkube.resources.core_v1 import Pod\n"
+        "print(Pod._api_info.plural, type(sys.modules['lightkube.models.core_v1']).__name__)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    lazy, used = done.stdout.split("\n")[:2]
+    assert lazy == str(["_LazyModule"] * 2)
+    assert used == "pods module"
+
+
 def test_the_kubernetes_client_loads_no_http2() -> None:
     done = _fresh(
         "import sys\n"
