@@ -227,6 +227,18 @@ def _rss_mib(pid: int) -> float:
     return rss_bytes(pid) / MIB
 
 
+async def _stop(daemon: asyncio.subprocess.Process) -> None:
+    """SIGTERM: the daemon exits 0 within 10 s; killed if it has not exited by then."""
+    try:
+        if daemon.returncode is None:
+            daemon.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(daemon.wait(), 10) == 0
+    finally:
+        if daemon.returncode is None:
+            daemon.kill()
+            await daemon.wait()
+
+
 _INTERPRETER = ("__main__", "cython_runtime", "sitecustomize", "_distutils_hack")
 _SETUP = ("__editable__", "_cython_")  # an editable install's finder; Cython's runtime modules
 
@@ -301,12 +313,8 @@ def test_serve_stays_within_its_budgets(tmp_path: Path) -> None:
                         api_pb2.AllocateRequest(container_requests=[request]), timeout=10
                     )
             weighed.rss[f"after {ALLOCATES} Allocates"] = _rss_mib(serve.pid)
-            serve.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(serve.wait(), 10) == 0
         finally:
-            if serve.returncode is None:
-                serve.kill()
-                await serve.wait()
+            await _stop(serve)
             await kubelet.stop()
         return weighed
 
@@ -343,12 +351,8 @@ def test_dra_serve_stays_within_its_budgets() -> None:
             assert published(server), "dra serve never published"
             weighed.modules = await _modules_of(serve.pid, root)
             weighed.rss["published"] = _rss_mib(serve.pid)
-            serve.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(serve.wait(), 10) == 0
         finally:
-            if serve.returncode is None:
-                serve.kill()
-                await serve.wait()
+            await _stop(serve)
             await watcher.stop()
             await server.stop()
             shutil.rmtree(root, ignore_errors=True)
