@@ -138,11 +138,12 @@ def test_a_cgroup_path_that_is_not_plainly_a_pods_container_caps_nothing(
     uncapped(view, root)
 
 
-def test_a_container_cgroup_that_is_a_link_out_of_the_hierarchy_caps_nothing(
-    root: Path, view: HookView, tmp_path: Path
+@pytest.mark.parametrize("inside", [False, True], ids=["out-of-the-hierarchy", "to-another-pod"])
+def test_a_container_cgroup_that_is_a_link_caps_nothing(
+    root: Path, view: HookView, tmp_path: Path, inside: bool
 ) -> None:
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    elsewhere = Path(view.enter(OTHER_POD, "c1")) if inside else tmp_path / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
     (Path(view.pod()) / "linked").symlink_to(elsewhere)
     view.claim_cgroup(f"kubepods/burstable/pod{POD}/linked")
     done = hook(root, view, whole()[1], str(GIB))

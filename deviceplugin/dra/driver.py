@@ -430,10 +430,8 @@ class DraDriver:
         """The share caps of a claim cleared through this driver's NVML (a thread)."""
         nvml = self.engine.nvml
         records = self.dra_socket.parent / RECORDS_DIR
-        if not records.is_dir():
+        if nvml is None or not records.is_dir():
             return ""
-        if nvml is None:
-            return clear_claim(records, claim_uid, _no_nvml)
         return clear_claim(records, claim_uid, nvml.set_memory_limit)
 
     async def _set_compute_mode(self, uuid: str, mode: int) -> None:
@@ -488,8 +486,3 @@ class _ConfigOnly:
 
     async def adopt(self, plan: None) -> None:
         return None
-
-
-def _no_nvml(gpu_uuid: str, cgroup: str, limit: int | None) -> None:
-    """A recorded cap with no NVML to take it back with: Unprepare fails, the kubelet retries."""
-    raise NvmlError(f"no NVML loaded to take back the memory limit of {cgroup} on {gpu_uuid}")
