@@ -129,6 +129,7 @@ LOCKED = "locked"  # another driver process holds the node's lock
 NO_CUTTER = "no-mig-cutter"  # a dynamic MIG partition, on a driver that cannot cut one
 MPS_DAEMON = "mps-daemon"  # the device's MPS control daemon cannot be started
 MIXED_SHARING = "mixed-sharing"  # MPS and not on one device
+MPS_TENANT = "mps-tenant"  # the device's MPS daemon serves a namespace this one may not join
 
 
 class ClaimReader(Protocol):
@@ -663,7 +664,7 @@ class Preparer:
         env = device_env(name, settings, admin, share)
         daemon = None
         if settings.mps is not None:
-            daemon, client = self._mps_client(ref, name, found, settings, limit)
+            daemon, client = self._mps_client(ref, name, found, settings, limit, others)
             env.extend(client["env"])
             edits["mounts"] = [*edits.get("mounts", []), *client["mounts"]]
         if limit is not None:
@@ -698,13 +699,17 @@ class Preparer:
         found: tuple[Gpu, MigDevice | None],
         settings: DeviceSettings,
         share: int | None,
+        others: Mapping[str, PreparedClaim],
     ) -> tuple[MpsDaemon, JsonObject]:
         """The daemon `name` is prepared with (started at commit) and the edits that reach it
-        with the claim's limits, at most its memory share or the device's memory."""
+        with the claim's limits, at most its memory share or the device's memory. Refused when
+        the daemon serves `others` of a namespace the claim's may not share one with."""
         assert settings.mps is not None
         field = f"{settings.origin}.opaque.parameters.sharing.strategy"
         if self._mps is None:
             raise PrepareError(f"ResourceClaim {ref}: {field}: this driver runs no MPS", MPS_DAEMON)
+        if (refused := self._mps.refusal(name, ref.namespace, others)) is not None:
+            raise PrepareError(f"ResourceClaim {ref}: {refused}", MPS_TENANT)
         root = self._devices.options.driver_root
         try:
             control_program(root)
