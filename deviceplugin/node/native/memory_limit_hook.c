@@ -398,7 +398,7 @@ int main(int argc, char **argv) {
     if (argc != 7)
         return fail("usage: %s LIBRARY RECORDS CLAIM_UID SHARE_ID GPU_UUID BYTES (OCI state on stdin)", argv[0]);
     const char *library = argv[1], *records = argv[2];
-    char *end, record[PATH_MAX], lock[PATH_MAX], why[2 * PATH_MAX + 512];
+    char *end, record[PATH_MAX], lock[PATH_MAX], why[3 * PATH_MAX + 512];
     limit_record want = {0};
     errno = 0;
     want.limit = strtoull(argv[6], &end, 10);
