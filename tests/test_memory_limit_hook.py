@@ -210,11 +210,17 @@ def test_the_containers_of_a_pod_share_one_cap(root: Path, view: HookView) -> No
     assert [r["nameSpace"] for r in records(root)] == [view.pod()]
 
 
+def first_pod_capped(root: Path, view: HookView) -> tuple[Any, str]:
+    """The whole GPU (handle, UUID), 20 GiB of it CLAIM's share, capped in the first pod."""
+    gpu, uuid = whole()
+    assert hook(root, view, uuid, str(20 * GIB)).returncode == 0
+    return gpu, uuid
+
+
 def test_a_second_pod_on_a_claims_share_is_refused_while_the_first_runs(
     root: Path, view: HookView
 ) -> None:
-    gpu, uuid = whole()
-    assert hook(root, view, uuid, str(20 * GIB)).returncode == 0
+    gpu, uuid = first_pod_capped(root, view)
     view.enter(OTHER_POD, "c1")
     done = hook(root, view, uuid, str(20 * GIB))
     assert done.returncode == 1
@@ -231,8 +237,7 @@ def test_a_second_pod_on_a_claims_share_is_refused_while_the_first_runs(
 def test_two_claims_shares_of_one_gpu_in_one_pod_cap_it_at_their_sum(
     root: Path, view: HookView
 ) -> None:
-    gpu, uuid = whole()
-    assert hook(root, view, uuid, str(20 * GIB)).returncode == 0
+    gpu, uuid = first_pod_capped(root, view)
     view.enter(POD, "c2")
     assert hook(root, view, uuid, str(10 * GIB), claim=OTHER_CLAIM).returncode == 0
     assert get_limits(gpu, view.pod()) == (30 * GIB, 30 * GIB, 0)
