@@ -117,6 +117,41 @@ def test_a_library_without_the_call_fails_the_hook(root: Path, view: HookView) -
 
 
 @pytest.mark.parametrize(
+    "container",
+    [
+        pytest.param(f"kubepods/besteffort/pod{POD}/c1", id="cgroupfs"),
+        pytest.param(f"kubepods/pod{POD}/c1", id="cgroupfs-guaranteed"),
+        pytest.param(
+            "kubepods.slice/kubepods-burstable.slice/"
+            f"kubepods-burstable-pod{POD.replace('-', '_')}.slice/cri-containerd-c1.scope",
+            id="systemd",
+        ),
+        pytest.param(
+            f"kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/c1", id="systemd-guaranteed"
+        ),
+    ],
+)
+def test_a_pods_cgroup_is_found_as_either_cgroup_driver_names_it(
+    root: Path, view: HookView, container: str
+) -> None:
+    (view.mount / container).mkdir(parents=True)
+    view.claim_cgroup(container)
+    done = hook(root, view, whole()[1], str(GIB))
+    assert done.returncode == 0, done.stderr
+    assert [r["nameSpace"] for r in records(root)] == [str((view.mount / container).parent)]
+
+
+def test_a_container_whose_parent_is_no_pods_cgroup_caps_nothing(
+    root: Path, view: HookView
+) -> None:
+    view.enter("not-a-uid", "c1")
+    done = hook(root, view, whole()[1], str(GIB))
+    assert done.returncode == 1
+    assert "is not in a pod's cgroup" in done.stderr, done.stderr
+    uncapped(view, root)
+
+
+@pytest.mark.parametrize(
     ("cgroup", "message"),
     [
         pytest.param("..", "'..' component", id="parent-of-root"),

@@ -93,7 +93,8 @@ static const char *env_or(const char *name, const char *otherwise) {
     return value && *value ? value : otherwise;
 }
 
-/* The OCI state on stdin read to its end; 0 when it does not end within STATE_DEADLINE_S. */
+/* The OCI state on stdin read to its end: 1; 0 when it does not end within STATE_DEADLINE_S,
+ * -1 (errno set) when it cannot be read. */
 static int drain_state(void) {
     struct timespec now, end;
     char buffer[4096];
@@ -109,7 +110,7 @@ static int drain_state(void) {
         if (ready <= 0) return 0;
         ssize_t got = read(STDIN_FILENO, buffer, sizeof buffer);
         if (got == 0) return 1;
-        if (got < 0 && errno != EINTR && errno != EAGAIN) return 0;
+        if (got < 0 && errno != EINTR && errno != EAGAIN) return -1;
     }
 }
 
@@ -411,7 +412,9 @@ int main(int argc, char **argv) {
     strcpy(want.claim, argv[3]);
     strcpy(want.share, argv[4]);
     strcpy(want.gpu, argv[5]);
-    if (!drain_state())
+    int state = drain_state();
+    if (state < 0) return fail("stdin: cannot read the container's state: %s", strerror(errno));
+    if (state == 0)
         return fail("stdin: the container's state did not end within %d s (a runtime writes it and closes it)",
                     STATE_DEADLINE_S);
     if (pod_of_container(want.space, why, sizeof why)) return fail("%s", why);
