@@ -240,6 +240,12 @@ static int read_record(int dir, const char *name, limit_record *out) {
            limit && sscanf(limit, "\"limit\": %llu", &out->limit) == 1;
 }
 
+/* FNV-1a of `text`, from `hash`: a record's name for its GPU and cgroup. */
+static unsigned long long fnv1a(unsigned long long hash, const char *text) {
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) hash = (hash ^ *c) * 1099511628211ull;
+    return hash;
+}
+
 static int is_directory(const char *path) {
     struct stat info;
     return stat(path, &info) == 0 && S_ISDIR(info.st_mode);
@@ -418,10 +424,7 @@ int main(int argc, char **argv) {
         return fail("stdin: the container's state did not end within %d s (a runtime writes it and closes it)",
                     STATE_DEADLINE_S);
     if (pod_of_container(want.space, why, sizeof why)) return fail("%s", why);
-    unsigned long long hash = 1469598103934665603ull, others, total;
-    for (const char *c = want.gpu; *c; c++) hash = (hash ^ (unsigned char)*c) * 1099511628211ull;
-    hash = (hash ^ '\n') * 1099511628211ull;
-    for (const char *c = want.space; *c; c++) hash = (hash ^ (unsigned char)*c) * 1099511628211ull;
+    unsigned long long hash = fnv1a(fnv1a(fnv1a(1469598103934665603ull, want.gpu), "\n"), want.space), others, total;
     if (snprintf(record, sizeof record, "%s/%s_%s_%016llx.json", records, want.claim, want.share, hash) >=
             (int)sizeof record ||
         snprintf(lock, sizeof lock, "%s/" LOCK_FILE, records) >= (int)sizeof lock)
