@@ -75,6 +75,7 @@ from deviceplugin.dra.mpsclient import MIB, client_edits, mixing_problem, second
 from deviceplugin.dra.mpsdevices import MpsDevices, recorded
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
+    CONFIG_PATH,
     EXCLUSIVE,
     ConfigEntry,
     DeviceSettings,
@@ -108,6 +109,7 @@ from deviceplugin.runtime.kubeclient import KubeError
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+CONFIG_SECONDS = 5.0  # to read a claim's opaque config; `opaquebounds` keeps it far within
 CDI_CLASS = "claim"
 RESULTS_PATH = "status.allocation.devices.results"
 LOCK_FILE_NAME = "checkpoint.lock"
@@ -178,6 +180,9 @@ class PrepareError(DevicePluginError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+Read = tuple[JsonObject, list[ConfigEntry] | PrepareError]  # a claim, and its config entries
 
 
 @record(frozen=True)
@@ -370,8 +375,8 @@ class Preparer:
         return self.cdi_dir / spec_file_name(self.driver, uid)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
-        """One outcome per claim UID. Claims not yet prepared are read from the API server
-        concurrently, before the lock is taken."""
+        """One outcome per claim UID. Claims not yet prepared are read from the API server, and
+        their opaque config parsed (`_configured`), concurrently, before the lock is taken."""
         outcomes = {
             uid: Outcome(error=why, reason=INVALID_REFERENCE)
             for uid, why in _refused(claims).items()
@@ -567,20 +572,39 @@ class Preparer:
             return None
         return known
 
-    async def _read(self, ref: ClaimRef) -> JsonObject | PrepareError:
+    async def _read(self, ref: ClaimRef) -> Read | PrepareError:
         try:
-            return await self._reader.read_claim(ref.namespace, ref.name)
+            claim = await self._reader.read_claim(ref.namespace, ref.name)
         except KubeError as err:
             if err.status == 404:
                 return PrepareError(f"ResourceClaim {ref} not found", NOT_FOUND)
             return PrepareError(f"reading ResourceClaim {ref}: {err}", API_ERROR)
+        return claim, await self._configured(ref, claim)
+
+    async def _configured(
+        self, ref: ClaimRef, claim: JsonObject
+    ) -> list[ConfigEntry] | PrepareError:
+        """The claim's config entries of this driver, read in a worker thread within
+        CONFIG_SECONDS: a claim written to be expensive holds up neither the event loop nor
+        the other claims (a thread past its deadline is left to end; its answer is dropped)."""
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        allocated = allocation.get("devices") or {}
+        read = asyncio.to_thread(read_entries, allocated, self.driver)
+        try:
+            return await asyncio.wait_for(read, CONFIG_SECONDS)
+        except OpaqueConfigError as err:
+            return PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG)
+        except TimeoutError:
+            why = f"{CONFIG_PATH}: not read within {CONFIG_SECONDS:g} s"
+            return PrepareError(f"ResourceClaim {ref}: {why}", INVALID_CONFIG)
 
     def _plan(
-        self, ref: ClaimRef, claim: JsonObject, others: Mapping[str, PreparedClaim]
+        self, ref: ClaimRef, read: Read, others: Mapping[str, PreparedClaim]
     ) -> tuple[PreparedClaim, JsonObject | None]:
         """The claim as it will be prepared (`PrepareStarted`) and its CDI devices' edits by
-        name (None when it has no device of ours); nothing is written. `others` are the claims
-        prepared so far. Raises PrepareError."""
+        name (None when it has no device of ours); nothing is written. `read` is the claim and
+        its config entries (`_read`), `others` the claims prepared so far. Raises PrepareError."""
+        claim, entries = read
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
             raise PrepareError(
@@ -591,10 +615,8 @@ class Preparer:
         if not allocation:
             raise PrepareError(f"ResourceClaim {ref} is not allocated", NOT_ALLOCATED)
         allocated = allocation.get("devices") or {}
-        try:
-            entries = read_entries(allocated, self.driver)
-        except OpaqueConfigError as err:
-            raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
+        if isinstance(entries, PrepareError):
+            raise entries
         devices: list[PreparedDevice] = []
         edits: dict[str, JsonObject] = {}
         for index, result in enumerate(allocated.get("results") or []):
