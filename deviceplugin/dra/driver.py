@@ -438,7 +438,7 @@ class DraDriver:
         records = self.dra_socket.parent / RECORDS_DIR
         if nvml is None or not records.is_dir():
             return ""
-        return clear_claim(records, claim_uid, nvml.clear_memory_limit)
+        return clear_claim(records, claim_uid, nvml.set_memory_limit)
 
     async def _set_compute_mode(self, uuid: str, mode: int) -> None:
         """For the MPS daemons: a device's compute mode, through this driver's NVML."""
