@@ -1,6 +1,7 @@
-"""libFuzzer over the simulated library's two parsers (tests/native/fuzz_inputs.c), for a fixed
+"""libFuzzer over the simulated library's parsers (tests/native/fuzz_inputs.c), for a fixed
 short time each, from the committed corpus (tests/data/fuzz/): the node rendering, which a
-node accepted is then served through the instance listings, and the event line. Built with
+node accepted is then served through the instance listings, the event line, and the MIG state
+file laid over a fixed node and served the same way. Built with
 clang under AddressSanitizer and UBSan; clang is installed from Debian when missing
 (`e2e/host-packages.sh fuzz`), and only where it cannot be is the test skipped, saying why.
 The campaigns are `make fuzz`'s (marked `fuzz`); `make test` replays the corpus through the
@@ -8,6 +9,7 @@ same targets, built with gcc under the same sanitizers (tests/native/fuzz_replay
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +19,8 @@ import pytest
 from test_sim_inputs import table
 
 from deviceplugin.sim.libbuild import fuzz_target, sanitized_program
+from deviceplugin.sim.node import read_node
+from deviceplugin.sim.nodejson import render
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = REPO / "tests" / "native" / "fuzz_inputs.c"
@@ -27,7 +31,44 @@ SANITIZER_OPTIONS = {
     "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
-PARSERS = {"node": ("-DFUZZ_NODE", 1 << 16), "events": ("-DFUZZ_EVENTS", 8192)}
+# The node the MIG state target lays each input over (fuzz_inputs.c), rendered beside it.
+MIG_STATE_NODE = REPO / "tests" / "native" / "fuzz_mig_state_node.json"
+MIG_STATE_NODE_YAML = """\
+driverVersion: "550.90.07"
+cudaDriverVersion: 12040
+gpus:
+  - uuid: GPU-a0000000-0000-4000-8000-000000000000
+    name: NVIDIA A100-SXM4-80GB
+    memoryMiB: 81920
+    pciBusId: "00000000:07:00.0"
+    computeCapability: "8.0"
+    migCapable: true
+    migEnabled: true
+    migDevices:
+      - profile: 2c.3g.40gb
+        uuid: MIG-a0000000-0001-4000-8000-000000000000
+        gpuInstanceId: 1
+        computeInstanceId: 0
+      - profile: 1c.3g.40gb
+        uuid: MIG-a0000000-0002-4000-8000-000000000000
+        gpuInstanceId: 1
+        computeInstanceId: 1
+      - profile: 1g.10gb
+        uuid: MIG-a0000000-0003-4000-8000-000000000000
+        gpuInstanceId: 9
+        computeInstanceId: 0
+  - uuid: GPU-b0000000-0000-4000-8000-000000000000
+    name: NVIDIA H100 80GB HBM3
+    memoryMiB: 81559
+    pciBusId: "00000000:0F:00.0"
+    computeCapability: "9.0"
+    migCapable: true
+"""
+PARSERS = {
+    "node": ("-DFUZZ_NODE", 1 << 16),
+    "events": ("-DFUZZ_EVENTS", 8192),
+    "mig-state": ("-DFUZZ_MIG_STATE", 1 << 16),
+}
 
 
 def clang_or_skip() -> None:
@@ -93,6 +134,12 @@ def test_the_corpus_replays_cleanly(parser: str, tmp_path: Path) -> None:
 def test_the_corpus_holds_every_event_table_case() -> None:
     seeds = {path.read_bytes() for path in (CORPUS / "events").iterdir()}
     assert [why for raw, _, why in table() if raw not in seeds] == []
+
+
+def test_the_mig_state_target_lays_states_over_the_current_rendering(tmp_path: Path) -> None:
+    (tmp_path / "node.yaml").write_text(MIG_STATE_NODE_YAML)
+    current = json.loads(render(read_node(tmp_path / "node.yaml")))
+    assert json.loads(MIG_STATE_NODE.read_text()) == current
 
 
 def test_the_corpus_holds_the_broken_nodes() -> None:

@@ -57,6 +57,7 @@ from deviceplugin.dra.memorylimits import (
 )
 from deviceplugin.dra.migcut import ForeignInstance, MigCutter, blocked
 from deviceplugin.dra.mpsdevices import HOMES_DIR, MpsDevices
+from deviceplugin.dra.mpstenants import MpsTenancy
 from deviceplugin.dra.plugin import DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
@@ -84,7 +85,6 @@ from deviceplugin.runtime.engine import (
 )
 from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import DraServeOptions
-from deviceplugin.sim.libbuild import BuildError, hook_program
 
 if TYPE_CHECKING:
     from deviceplugin.ops.http import EndpointServer
@@ -185,7 +185,11 @@ class DraDriver:
             failpoints,
             self._clear_limits,
             self.cutter,
-            MpsDevices(self.dra_socket.parent / HOMES_DIR, self._set_compute_mode),
+            MpsDevices(
+                self.dra_socket.parent / HOMES_DIR,
+                self._set_compute_mode,
+                MpsTenancy(settings.mps_shared_namespaces),
+            ),
         )
         await self.preparer.load()
         await self._scan_foreign()
@@ -402,6 +406,8 @@ class DraDriver:
     def _install_hook(self, library: str | None) -> LimitHook | None:
         """The memory-limit hook copied onto the host (a thread); None, logged, when it cannot
         be: shares are then refused at Prepare."""
+        from deviceplugin.sim.libbuild import BuildError, hook_program  # only with memory shares
+
         if library is None:
             why = "no libnvidia-ml under the driver root for the hook to load"
         else:
@@ -432,7 +438,7 @@ class DraDriver:
         records = self.dra_socket.parent / RECORDS_DIR
         if nvml is None or not records.is_dir():
             return ""
-        return clear_claim(records, claim_uid, nvml.clear_memory_limit)
+        return clear_claim(records, claim_uid, nvml.set_memory_limit)
 
     async def _set_compute_mode(self, uuid: str, mode: int) -> None:
         """For the MPS daemons: a device's compute mode, through this driver's NVML."""
