@@ -242,11 +242,12 @@ def sanitized_program(
     every memory, undefined-behaviour or data-race check on, copied to `output`. Built once per
     version of the sources (the library's and those beside `main_source`, which it may include)
     and cached as the library is: each test suite, worker or file that asks for it again gets
-    that build."""
+    that build. The key holds `main_source`'s own path: a program may read files beside its
+    source (`__FILE__`), so each checkout gets its own."""
     flags = (*CFLAGS, "-fno-omit-frame-pointer", *SANITIZERS[sanitizer], *defines)
     header = nvml_header()
     beside = sorted([*main_source.parent.glob("*.c"), *main_source.parent.glob("*.h")])
-    key = _key(header, (*flags, main_source.name), *beside)
+    key = _key(header, (*flags, str(main_source.resolve())), *beside)
 
     def compile_into(program: Path) -> None:
         _compile(header, program.parent, flags, str(main_source), "-o", str(program))

@@ -1,9 +1,13 @@
 /* The libFuzzer targets of fuzz_inputs.c without libFuzzer: each file named on the command line
  * goes once through LLVMFuzzerTestOneInput, as `fuzz_target FILE...` would replay it. Built
- * with gcc under AddressSanitizer and UBSan (tests/test_sim_fuzz.py), with -DFUZZ_NODE or
- * -DFUZZ_EVENTS, so every `make test` replays the corpus with no clang needed. */
+ * with gcc under AddressSanitizer and UBSan (tests/test_sim_fuzz.py), with the target's define
+ * (-DFUZZ_NODE, ...), so every `make test` replays the corpus with no clang needed. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* Called first where the target defines it, as libFuzzer does. */
+int LLVMFuzzerInitialize(int *argc, char ***argv) __attribute__((weak));
 
 #include "fuzz_inputs.c"
 
@@ -32,6 +36,8 @@ static int replay(const char *path) {
 
 int main(int argc, char **argv) {
     int failed = 0;
+    int (*volatile initialize)(int *, char ***) = LLVMFuzzerInitialize; /* NULL if undefined */
+    if (initialize) initialize(&argc, &argv);
     for (int i = 1; i < argc; i++) failed |= replay(argv[i]);
     if (!failed) printf("replayed %d inputs\n", argc - 1);
     return failed;
