@@ -37,6 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # No timed assertions on a shared machine: Hypothesis's per-example deadline is one.
+    settings.register_profile("no-deadline", deadline=None)
+    settings.load_profile("no-deadline")
     config.addinivalue_line(
         "markers", "slow: a heavy multi-process scenario or long run, in `make test-slow`"
     )

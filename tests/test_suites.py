@@ -1,6 +1,6 @@
 """The three suites (tests/suites.py) on a suite of their own, run by pytest in-process: each
-test lands in exactly the suites it belongs to, Hypothesis tests are capped only in `quick`,
-and `quick` says what it left to the others."""
+test lands in exactly the suites it belongs to, Hypothesis tests are capped only in `quick` and
+held to no deadline, and `quick` says what it left to the others."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def test_property(n):
 
 def test_examples_ran():
     print(f"examples={len(RAN)}")
+
+def test_no_deadline():  # no timed assertion: Hypothesis's deadline is one
+    assert settings.default.deadline is None
 """
 
 
@@ -55,7 +58,16 @@ def outcome(pytester: pytest.Pytester, suite: str) -> tuple[set[str], str]:
 @pytest.mark.parametrize(
     ("suite", "expected"),
     [
-        ("quick", {"test_plain", "test_cases[a]", "test_property", "test_examples_ran"}),
+        (
+            "quick",
+            {
+                "test_plain",
+                "test_cases[a]",
+                "test_property",
+                "test_examples_ran",
+                "test_no_deadline",
+            },
+        ),
         ("slow", {"test_heavy", "test_cases[b]", "test_cases[c]", "test_property"}),
         ("fuzz", {"test_campaign"}),
     ],
@@ -68,7 +80,7 @@ def test_each_test_runs_in_its_suites(
 
 def test_everything_runs_in_full_by_default(pytester: pytest.Pytester) -> None:
     passed, output = outcome(pytester, "all")
-    assert len(passed) == 8
+    assert len(passed) == 9
     assert "examples=50" in output
 
 
