@@ -51,6 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from deviceplugin.dra.admission import AdmissionError, Asked, admit
 from deviceplugin.dra.checkpoint import (
     COMPLETED,
     STARTED,
@@ -71,7 +72,7 @@ from deviceplugin.dra.failpoints import (
 from deviceplugin.dra.memorylimits import LimitHook
 from deviceplugin.dra.migcut import CutError, MigCutter, cut_device
 from deviceplugin.dra.migrecord import MigPartition
-from deviceplugin.dra.mpsclient import MIB, client_edits, mixing_problem, second_mps_device
+from deviceplugin.dra.mpsclient import MIB, client_edits, second_mps_device
 from deviceplugin.dra.mpsdevices import MpsDevices, recorded
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
@@ -121,14 +122,11 @@ NOT_ALLOCATED = "not-allocated"
 INVALID_CONFIG = "invalid-config"  # opaque config, a share ID
 UNKNOWN_DEVICE = "unknown-device"
 HOST_FILES = "host-files"  # the device's CDI edits cannot be built
-OVERLAP = "overlap"  # the device is prepared for another claim
-TIME_SLICE = "time-slice"  # another time slice than the GPU runs
 CDI_SPEC = "cdi-spec"  # the spec cannot be written
 CHECKPOINT = "checkpoint"  # the checkpoint cannot be saved
 LOCKED = "locked"  # another driver process holds the node's lock
 NO_CUTTER = "no-mig-cutter"  # a dynamic MIG partition, on a driver that cannot cut one
 MPS_DAEMON = "mps-daemon"  # the device's MPS control daemon cannot be started
-MIXED_SHARING = "mixed-sharing"  # MPS and not on one device
 
 
 class ClaimReader(Protocol):
@@ -595,11 +593,13 @@ class Preparer:
         except OpaqueConfigError as err:
             raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
         devices: list[PreparedDevice] = []
+        asked: list[Asked] = []
         edits: dict[str, JsonObject] = {}
         for index, result in enumerate(allocated.get("results") or []):
             if result.get("driver") != self.driver:
                 continue
-            device, cdi_name, device_edits = self._result(ref, index, result, entries, others)
+            one, cdi_name, device_edits = self._result(ref, index, result, entries)
+            device = one.device
             edits.setdefault(cdi_name, device_edits)
             first = next((d for d in devices if d.mps is not None), None)
             if device.mps is not None and first is not None and first.device != device.device:
@@ -607,6 +607,11 @@ class Preparer:
                     second_mps_device(str(ref), first.device, device.device, index), INVALID_CONFIG
                 )
             devices.append(device)
+            asked.append(one)
+        try:  # the one admission step: nothing is written before it
+            admit(str(ref), asked, {u: c for u, c in others.items() if u != ref.uid})
+        except AdmissionError as err:
+            raise PrepareError(str(err), err.reason) from err
         planned = PreparedClaim(ref.namespace, ref.name, tuple(devices), STARTED)
         return planned, (edits if edits else None)
 
@@ -616,11 +621,11 @@ class Preparer:
         index: int,
         result: JsonObject,
         entries: Sequence[ConfigEntry],
-        others: Mapping[str, PreparedClaim],
-    ) -> tuple[PreparedDevice, str, JsonObject]:
-        """One allocation result of ours: the device as the kubelet is told of it, its CDI
-        device name and edits. Admin access gets the device as it is (no sharing settings: a
-        monitor must not change how others share it); a share ID names its own CDI device."""
+    ) -> tuple[Asked, str, JsonObject]:
+        """One allocation result of ours: the device as the kubelet is told of it (with what
+        admission checks of it), its CDI device name and edits. Admin access gets the device as
+        it is (no sharing settings: a monitor must not change how others share it); a share ID
+        names its own CDI device."""
         name, pool = str(result.get("device", "")), str(result.get("pool", ""))
         request = str(result.get("request", ""))
         found = self._devices.by_name.get(name) if pool == self.pool else None
@@ -687,9 +692,10 @@ class Preparer:
             if cutting is None
             else MigPartition(cutting[0].uuid, cutting[1].profile_id, cutting[2], cutting[3]),
             mps=daemon,
+            memory=limit or 0,
         )
-        _check_neighbours(ref, device, settings, others)
-        return device, cdi_name, edits
+        capacity = (found[1] or found[0]).memory_mib * MIB
+        return Asked(index, device, settings.origin, capacity), cdi_name, edits
 
     def _mps_client(
         self,
@@ -909,45 +915,3 @@ def _log_failed(claim: ClaimRef | PreparedClaim, uid: str, error: str) -> None:
         uid=uid,
         error=error,
     )
-
-
-def _may_share(held: PreparedDevice, device: PreparedDevice) -> bool:
-    """Two claims may hold one device when either has admin access, or each has its own share."""
-    if held.admin_access or device.admin_access:
-        return True
-    return bool(held.share_id and device.share_id and held.share_id != device.share_id)
-
-
-def _check_neighbours(
-    ref: ClaimRef,
-    device: PreparedDevice,
-    settings: DeviceSettings,
-    others: Mapping[str, PreparedClaim],
-) -> None:
-    """`device` against the claims already prepared: it is prepared for another claim only
-    when both may share it, and a GPU has one time slice, so a claim may not ask another one
-    than a claim prepared on the same GPU runs. Raises PrepareError naming both claims."""
-    for uid, claim in others.items():
-        if uid == ref.uid:
-            continue
-        holder = f"ResourceClaim {claim.namespace}/{claim.name}"
-        for held in claim.devices:
-            if held.device != device.device:
-                continue
-            if not _may_share(held, device):
-                raise PrepareError(
-                    f"ResourceClaim {ref}: {device.device} is already prepared for {holder}; "
-                    "claims share a device only with admin access or each with its own share ID",
-                    OVERLAP,
-                )
-            if not (held.admin_access or device.admin_access) and (
-                mixed := mixing_problem(held.sharing, device.sharing, settings.origin)
-            ):
-                raise PrepareError(f"ResourceClaim {ref}: {mixed} ({holder})", MIXED_SHARING)
-            if device.interval and held.interval not in ("", device.interval):
-                raise PrepareError(
-                    f"ResourceClaim {ref}: {settings.origin} asks time slice "
-                    f"{device.interval} for {device.device}, which runs {held.interval} for "
-                    f"{holder}",
-                    TIME_SLICE,
-                )
