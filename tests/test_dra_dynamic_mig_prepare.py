@@ -8,9 +8,12 @@ read back by a fresh Python process through nvidia-ml-py, as any other NVML cons
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from deviceplugin.dra.failpoints import (
     PREPARE_AFTER_CHECKPOINT,
     PREPARE_AFTER_COMPUTE_INSTANCE,
     PREPARE_AFTER_GPU_INSTANCE,
+    PREPARE_BEFORE_GPU_INSTANCE,
 )
 from deviceplugin.node.nvml_mig import MigModule
 from deviceplugin.sim.apiserver import ApiServer
@@ -244,6 +248,60 @@ async def serve(root: Path, url: str, library: Path, **env: str) -> asyncio.subp
     )
 
 
+@dataclass
+class Killable:
+    """`dra serve` processes one after another on one simulated library, stand-in and plugin
+    watcher, as a node restarts its driver."""
+
+    root: Path
+    library: Path
+    server: ApiServer
+    watcher: PluginWatcher
+    process: asyncio.subprocess.Process | None = None
+
+    async def start(self, **env: str) -> None:
+        registered = len([a for a in self.watcher.attempts if a.ok])
+        self.process = await serve(self.root, self.server.url, self.library, **env)
+        await until(lambda: len([a for a in self.watcher.attempts if a.ok]) > registered)
+        await self.watcher.wait_registered(DRIVER, TIMEOUT)
+
+    async def crash_preparing(self, point: str) -> tuple[str, str, str]:
+        """Start armed at `point` and send a claim for THREE_G_AT_4, which kills the driver
+        there; the claim as the kubelet names it."""
+        await self.start(DP_FAILPOINT=point)
+        uid = self.server.add_claim(claim("cut", [("mig", THREE_G_AT_4)]))["metadata"]["uid"]
+        with pytest.raises(grpc.aio.AioRpcError):
+            await self.watcher.prepare(DRIVER, [("default", "cut", uid)])
+        assert self.process is not None and self.process.stderr is not None
+        code = await asyncio.wait_for(self.process.wait(), TIMEOUT)
+        assert code == EXIT_STATUS, (await self.process.stderr.read()).decode()
+        return "default", "cut", uid
+
+    async def stop(self) -> str:
+        """Stop the running driver; what it logged."""
+        assert self.process is not None and self.process.stderr is not None
+        if self.process.returncode is None:
+            self.process.terminate()
+        await asyncio.wait_for(self.process.wait(), TIMEOUT)
+        return (await self.process.stderr.read()).decode()
+
+
+@contextlib.asynccontextmanager
+async def killable() -> AsyncIterator[Killable]:
+    root, server = short_dir(), ApiServer()
+    node = Killable(root, library_tree(PRESET), server, PluginWatcher(root / "kubelet"))
+    await server.start()
+    await node.watcher.start()
+    try:
+        yield node
+    finally:
+        if node.process is not None and node.process.returncode is None:
+            node.process.kill()
+            await node.process.wait()
+        await node.watcher.stop()
+        await server.stop()
+
+
 @pytest.mark.parametrize(
     "point",
     [
@@ -255,52 +313,101 @@ async def serve(root: Path, url: str, library: Path, **env: str) -> asyncio.subp
 )
 def test_a_driver_killed_while_cutting_leaves_one_prepared_claim_and_no_orphan(point: str) -> None:
     async def body() -> None:
-        root, library = short_dir(), library_tree(PRESET)
-        server, watcher = ApiServer(), PluginWatcher(root / "kubelet")
-        await server.start()
-        await watcher.start()
-        process = None
-
-        async def start(**env: str) -> asyncio.subprocess.Process:
-            registered = len([a for a in watcher.attempts if a.ok])
-            started = await serve(root, server.url, library, **env)
-            await until(lambda: len([a for a in watcher.attempts if a.ok]) > registered)
-            await watcher.wait_registered(DRIVER, TIMEOUT)
-            return started
-
-        try:
-            process = await start(DP_FAILPOINT=point)
-            uid = server.add_claim(claim("cut", [("mig", THREE_G_AT_4)]))["metadata"]["uid"]
-            ref = ("default", "cut", uid)
-            with pytest.raises(grpc.aio.AioRpcError):
-                await watcher.prepare(DRIVER, [ref])
-            code = await asyncio.wait_for(process.wait(), TIMEOUT)
-            assert process.stderr is not None
-            assert code == EXIT_STATUS, (await process.stderr.read()).decode()
+        async with killable() as node:
+            library, kubelet = node.library, node.root / "kubelet"
+            ref = await node.crash_preparing(point)
+            uid = ref[2]
             assert read_back(library)["gis"] == [[9, 4, 4]]  # cut before the crash
             kept = point == PREPARE_AFTER_CHECKPOINT
 
-            process = await start()
+            await node.start()
             if not kept:  # rolled back at start-up: the instance destroyed
                 assert read_back(library)["gis"] == []
-                assert uid not in checkpoint(root / "kubelet")["claims"]
-            response = await watcher.prepare(DRIVER, [ref])
+                assert uid not in checkpoint(kubelet)["claims"]
+            response = await node.watcher.prepare(DRIVER, [ref])
             assert response.claims[uid].error == ""
             held = read_back(library)
             assert held["gis"] == [[9, 4, 4]] and len(held["migs"]) == 1
-            saved = checkpoint(root / "kubelet")["claims"]
+            saved = checkpoint(kubelet)["claims"]
             assert list(saved) == [uid] and saved[uid]["state"] == "PrepareCompleted"
             assert saved[uid]["devices"][0]["migPartition"]["uuid"] == held["migs"][0]
 
-            await watcher.unprepare(DRIVER, [ref])
+            await node.watcher.unprepare(DRIVER, [ref])
             assert read_back(library)["gis"] == []
-            assert checkpoint(root / "kubelet")["claims"] == {}
-        finally:
-            if process is not None and process.returncode is None:
-                process.kill()
-                await process.wait()
-            await watcher.stop()
-            await server.stop()
+            assert checkpoint(kubelet)["claims"] == {}
+
+    asyncio.run(body())
+
+
+def gpu_instance_ids(root: Path) -> dict[tuple[int, int, int], int]:
+    """GPU 0's GPU instances: (profile id, start, size) -> id."""
+    return {
+        (gi["profileId"], *gi["placement"]): gi["id"] for gi in mig_layout(root)[0]["gpuInstances"]
+    }
+
+
+def test_a_gpu_instance_is_checkpointed_before_its_compute_instance_and_destroyed_at_start() -> (
+    None
+):
+    async def body() -> None:
+        async with killable() as node:
+            ref = await node.crash_preparing(PREPARE_AFTER_GPU_INSTANCE)
+            (made,) = gpu_instance_ids(node.library).values()
+            saved = checkpoint(node.root / "kubelet")["claims"][ref[2]]
+            assert saved["state"] == "PrepareStarted"
+            partition = saved["devices"][0]["migPartition"]
+            assert partition["gpuInstanceID"] == made and "computeInstanceID" not in partition
+
+            await node.start()  # rolls the claim back: the instance it recorded is its own
+            assert read_back(node.library)["gis"] == []
+            assert "dra.mig.destroyed" in await node.stop()
+
+    asyncio.run(body())
+
+
+# Between the crash and the restart an operator replaces the driver's GPU instance at 4+4 by
+# one of their own with a compute instance; another instance first takes the freed id.
+REPLACED = """
+ours = n.nvmlDeviceGetGpuInstanceById(gpu, {gi})
+n.nvmlGpuInstanceDestroy(ours)
+place = n.c_nvmlGpuInstancePlacement_t()
+place.start, place.size = 0, 1
+n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 19, ctypes.pointer(place))
+place.start, place.size = 4, 4
+gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, ctypes.pointer(place))
+n.nvmlGpuInstanceCreateComputeInstance(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+"""
+
+# Between the crash and the restart an operator cuts the partition's placement themselves.
+TAKEN = """
+place = n.c_nvmlGpuInstancePlacement_t()
+place.start, place.size = 4, 4
+gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, ctypes.pointer(place))
+n.nvmlGpuInstanceCreateComputeInstance(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+"""
+
+
+@pytest.mark.parametrize(
+    ("point", "operator"),
+    [(PREPARE_AFTER_GPU_INSTANCE, REPLACED), (PREPARE_BEFORE_GPU_INSTANCE, TAKEN)],
+    ids=["another-gpu-instance-id", "no-gpu-instance-id-recorded"],
+)
+def test_an_operators_instance_at_the_placement_after_a_crash_is_left_alone(
+    point: str, operator: str
+) -> None:
+    async def body() -> None:
+        async with killable() as node:
+            await node.crash_preparing(point)
+            ours = gpu_instance_ids(node.library).get((9, 4, 4), -1)
+            on_library(node.library, operator.format(gi=ours))
+            theirs, migs = gpu_instance_ids(node.library), read_back(node.library)["migs"]
+            assert theirs[(9, 4, 4)] != ours and migs
+
+            await node.start()  # rolls the claim back, destroying nothing of theirs
+            assert gpu_instance_ids(node.library) == theirs
+            assert read_back(node.library)["migs"] == migs
+            log = await node.stop()
+            assert "dra.mig.left_alone" in log and "dra.mig.destroyed" not in log
 
     asyncio.run(body())
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -823,29 +824,24 @@ class Preparer:
         outcomes: dict[str, Outcome],
     ) -> dict[str, tuple[PreparedClaim, JsonObject | None]]:
         """`fresh` with each claim's MIG partitions cut (`migcut.py`, off the loop) and their
-        device nodes in its edits; a claim that cannot be cut gets its outcome here, nothing of
-        it left on the GPUs."""
+        device nodes in its edits, each GPU instance checkpointed before its compute instance
+        is made; a claim that cannot be cut gets its outcome here, nothing of it left on the
+        GPUs."""
         cut = dict(fresh)
         for uid, (claim, edits) in fresh.items():
             wanted = [p for d in claim.devices if (p := d.partition) is not None]
             if not wanted or self._cutter is None or edits is None:
                 continue
             held = [p for u, c in self._claims.items() if u != uid for p in c.partitions]
+            record = functools.partial(self._record_cut, uid, claim)
             try:
-                made = await asyncio.to_thread(self._cutter.cut, wanted, held)
+                made = await asyncio.to_thread(self._cutter.cut, wanted, held, record)
             except CutError as err:
                 why = f"ResourceClaim {claim.namespace}/{claim.name}: {err}"
                 outcomes[uid] = Outcome(error=why, reason=err.reason)
                 _log_failed(claim, uid, why)
                 continue
-            made_by_device = dict(
-                zip((d.device for d in claim.devices if d.partition), made, strict=True)
-            )
-            devices = tuple(
-                replace(d, partition=made_by_device[d.device]) if d.partition else d
-                for d in claim.devices
-            )
-            claim = replace(claim, devices=devices)
+            claim = _with_partitions(claim, made)
             self._claims[uid] = claim
             try:
                 edits = {**edits, **self._cut_edits(claim, edits)}
@@ -857,6 +853,14 @@ class Preparer:
                 continue
             cut[uid] = (claim, edits)
         return cut
+
+    def _record_cut(self, uid: str, claim: PreparedClaim, cut: Sequence[MigPartition]) -> None:
+        """Checkpoint the claim with its partitions as cut so far (in the cutter's thread, the
+        loop waiting on it under the locks). Raises CutError."""
+        try:
+            self._checkpoint.save({**self._claims, uid: _with_partitions(claim, cut)})
+        except OSError as err:
+            raise CutError(self._save_failed(err), CHECKPOINT) from err
 
     def _cut_edits(self, claim: PreparedClaim, edits: JsonObject) -> JsonObject:
         """The CDI devices of the claim's cut partitions with their device nodes. Raises
@@ -904,6 +908,13 @@ class Preparer:
 async def _both(lock: asyncio.Lock, node_lock: NodeLock) -> AsyncIterator[None]:
     async with lock, node_lock.held():
         yield
+
+
+def _with_partitions(claim: PreparedClaim, partitions: Sequence[MigPartition]) -> PreparedClaim:
+    """The claim with its partitions' devices' records replaced, in order, by `partitions`."""
+    new = iter(partitions)
+    devices = tuple(replace(d, partition=next(new)) if d.partition else d for d in claim.devices)
+    return replace(claim, devices=devices)
 
 
 def _log_failed(claim: ClaimRef | PreparedClaim, uid: str, error: str) -> None:
