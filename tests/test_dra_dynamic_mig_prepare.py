@@ -8,23 +8,21 @@ read back by a fresh Python process through nvidia-ml-py, as any other NVML cons
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pynvml
 import pytest
-from test_dra_crash import TIMEOUT, until
+from test_dra_crash import TIMEOUT, Node
+from test_dra_crash import node as restarted_node
 
 from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.dra.failpoints import (
-    EXIT_STATUS,
     PREPARE_AFTER_CDI_SPEC,
     PREPARE_AFTER_CHECKPOINT,
     PREPARE_AFTER_COMPUTE_INSTANCE,
@@ -32,8 +30,6 @@ from deviceplugin.dra.failpoints import (
     PREPARE_BEFORE_GPU_INSTANCE,
 )
 from deviceplugin.node.nvml_mig import MigModule
-from deviceplugin.sim.apiserver import ApiServer
-from deviceplugin.sim.pluginwatcher import PluginWatcher
 from testbed.simnvml import mig_layout, on_library
 from tests.draplugin import (
     DRIVER,
@@ -44,7 +40,6 @@ from tests.draplugin import (
     resolve,
     run,
     running_driver,
-    short_dir,
     write_kubeconfig,
 )
 
@@ -249,21 +244,14 @@ async def serve(root: Path, url: str, library: Path, **env: str) -> asyncio.subp
 
 
 @dataclass
-class Killable:
-    """`dra serve` processes one after another on one simulated library, stand-in and plugin
-    watcher, as a node restarts its driver."""
+class LibraryNode(Node):
+    """`dra serve --mig-mode dynamic` processes one after another on one simulated library, as
+    a node restarts its driver."""
 
-    root: Path
-    library: Path
-    server: ApiServer
-    watcher: PluginWatcher
-    process: asyncio.subprocess.Process | None = None
+    library: Path = field(default_factory=lambda: library_tree(PRESET))
 
-    async def start(self, **env: str) -> None:
-        registered = len([a for a in self.watcher.attempts if a.ok])
-        self.process = await serve(self.root, self.server.url, self.library, **env)
-        await until(lambda: len([a for a in self.watcher.attempts if a.ok]) > registered)
-        await self.watcher.wait_registered(DRIVER, TIMEOUT)
+    async def serve(self, **env: str) -> asyncio.subprocess.Process:
+        return await serve(self.root, self.server.url, self.library, **env)
 
     async def crash_preparing(self, point: str) -> tuple[str, str, str]:
         """Start armed at `point` and send a claim for THREE_G_AT_4, which kills the driver
@@ -272,34 +260,15 @@ class Killable:
         uid = self.server.add_claim(claim("cut", [("mig", THREE_G_AT_4)]))["metadata"]["uid"]
         with pytest.raises(grpc.aio.AioRpcError):
             await self.watcher.prepare(DRIVER, [("default", "cut", uid)])
-        assert self.process is not None and self.process.stderr is not None
-        code = await asyncio.wait_for(self.process.wait(), TIMEOUT)
-        assert code == EXIT_STATUS, (await self.process.stderr.read()).decode()
+        await self.crashed()
         return "default", "cut", uid
 
     async def stop(self) -> str:
         """Stop the running driver; what it logged."""
         assert self.process is not None and self.process.stderr is not None
-        if self.process.returncode is None:
-            self.process.terminate()
+        self.process.terminate()
         await asyncio.wait_for(self.process.wait(), TIMEOUT)
         return (await self.process.stderr.read()).decode()
-
-
-@contextlib.asynccontextmanager
-async def killable() -> AsyncIterator[Killable]:
-    root, server = short_dir(), ApiServer()
-    node = Killable(root, library_tree(PRESET), server, PluginWatcher(root / "kubelet"))
-    await server.start()
-    await node.watcher.start()
-    try:
-        yield node
-    finally:
-        if node.process is not None and node.process.returncode is None:
-            node.process.kill()
-            await node.process.wait()
-        await node.watcher.stop()
-        await server.stop()
 
 
 @pytest.mark.parametrize(
@@ -313,18 +282,18 @@ async def killable() -> AsyncIterator[Killable]:
 )
 def test_a_driver_killed_while_cutting_leaves_one_prepared_claim_and_no_orphan(point: str) -> None:
     async def body() -> None:
-        async with killable() as node:
-            library, kubelet = node.library, node.root / "kubelet"
-            ref = await node.crash_preparing(point)
+        async with restarted_node(LibraryNode) as here:
+            library, kubelet = here.library, here.root / "kubelet"
+            ref = await here.crash_preparing(point)
             uid = ref[2]
             assert read_back(library)["gis"] == [[9, 4, 4]]  # cut before the crash
             kept = point == PREPARE_AFTER_CHECKPOINT
 
-            await node.start()
+            await here.start()
             if not kept:  # rolled back at start-up: the instance destroyed
                 assert read_back(library)["gis"] == []
                 assert uid not in checkpoint(kubelet)["claims"]
-            response = await node.watcher.prepare(DRIVER, [ref])
+            response = await here.watcher.prepare(DRIVER, [ref])
             assert response.claims[uid].error == ""
             held = read_back(library)
             assert held["gis"] == [[9, 4, 4]] and len(held["migs"]) == 1
@@ -332,7 +301,7 @@ def test_a_driver_killed_while_cutting_leaves_one_prepared_claim_and_no_orphan(p
             assert list(saved) == [uid] and saved[uid]["state"] == "PrepareCompleted"
             assert saved[uid]["devices"][0]["migPartition"]["uuid"] == held["migs"][0]
 
-            await node.watcher.unprepare(DRIVER, [ref])
+            await here.watcher.unprepare(DRIVER, [ref])
             assert read_back(library)["gis"] == []
             assert checkpoint(kubelet)["claims"] == {}
 
@@ -350,17 +319,17 @@ def test_a_gpu_instance_is_checkpointed_before_its_compute_instance_and_destroye
     None
 ):
     async def body() -> None:
-        async with killable() as node:
-            ref = await node.crash_preparing(PREPARE_AFTER_GPU_INSTANCE)
-            (made,) = gpu_instance_ids(node.library).values()
-            saved = checkpoint(node.root / "kubelet")["claims"][ref[2]]
+        async with restarted_node(LibraryNode) as here:
+            ref = await here.crash_preparing(PREPARE_AFTER_GPU_INSTANCE)
+            (made,) = gpu_instance_ids(here.library).values()
+            saved = checkpoint(here.root / "kubelet")["claims"][ref[2]]
             assert saved["state"] == "PrepareStarted"
             partition = saved["devices"][0]["migPartition"]
             assert partition["gpuInstanceID"] == made and "computeInstanceID" not in partition
 
-            await node.start()  # rolls the claim back: the instance it recorded is its own
-            assert read_back(node.library)["gis"] == []
-            assert "dra.mig.destroyed" in await node.stop()
+            await here.start()  # rolls the claim back: the instance it recorded is its own
+            assert read_back(here.library)["gis"] == []
+            assert "dra.mig.destroyed" in await here.stop()
 
     asyncio.run(body())
 
@@ -396,17 +365,17 @@ def test_an_operators_instance_at_the_placement_after_a_crash_is_left_alone(
     point: str, operator: str
 ) -> None:
     async def body() -> None:
-        async with killable() as node:
-            await node.crash_preparing(point)
-            ours = gpu_instance_ids(node.library).get((9, 4, 4), -1)
-            on_library(node.library, operator.format(gi=ours))
-            theirs, migs = gpu_instance_ids(node.library), read_back(node.library)["migs"]
+        async with restarted_node(LibraryNode) as here:
+            await here.crash_preparing(point)
+            ours = gpu_instance_ids(here.library).get((9, 4, 4), -1)
+            on_library(here.library, operator.format(gi=ours))
+            theirs, migs = gpu_instance_ids(here.library), read_back(here.library)["migs"]
             assert theirs[(9, 4, 4)] != ours and migs
 
-            await node.start()  # rolls the claim back, destroying nothing of theirs
-            assert gpu_instance_ids(node.library) == theirs
-            assert read_back(node.library)["migs"] == migs
-            log = await node.stop()
+            await here.start()  # rolls the claim back, destroying nothing of theirs
+            assert gpu_instance_ids(here.library) == theirs
+            assert read_back(here.library)["migs"] == migs
+            log = await here.stop()
             assert "dra.mig.left_alone" in log and "dra.mig.destroyed" not in log
 
     asyncio.run(body())
