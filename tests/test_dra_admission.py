@@ -72,7 +72,7 @@ def test_four_quarter_shares_of_one_gpu_with_their_own_share_ids_are_prepared() 
     run(body)
 
 
-@pytest.mark.parametrize("memory", [f"{WHOLE_GPU.memory_mib + 1}Mi", str(1 << 64)])
+@pytest.mark.parametrize("memory", [f"{WHOLE_GPU.memory_mib + 1}Mi", str((1 << 63) - 1)])
 def test_a_share_larger_than_its_gpu_is_refused(memory: str) -> None:
     async def body() -> None:
         async with running_driver(gpu_sharing="memory") as node:
