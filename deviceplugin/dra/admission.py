@@ -26,7 +26,6 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
 from deviceplugin.dra.mpsclient import MIB, mixing_problem
-from deviceplugin.model.errors import DevicePluginError
 from deviceplugin.model.memoryshares import MEMORY
 from deviceplugin.model.record import record
 
@@ -37,14 +36,6 @@ OVERLAP = "overlap"  # the device, or part of its GPU, is prepared for another c
 TIME_SLICE = "time-slice"  # another time slice than the GPU runs
 MIXED_SHARING = "mixed-sharing"  # MPS and not on one device
 OVERCOMMIT = "overcommit"  # memory shares past the device's memory
-
-
-class AdmissionError(DevicePluginError):
-    """The claim asks what the node cannot give it; the message names the field."""
-
-    def __init__(self, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @record(frozen=True)
@@ -69,10 +60,12 @@ class _Held:
     device: PreparedDevice
 
 
-def admit(claim: str, asked: Sequence[Asked], others: Mapping[str, PreparedClaim]) -> None:
-    """Check the results of `claim` ("ns/name") against each other and against `others`, the
-    claims prepared (or planned) so far by UID, the claim's own entry left out. Raises
-    AdmissionError for the first result that breaks a rule."""
+def refusal(
+    claim: str, asked: Sequence[Asked], others: Mapping[str, PreparedClaim]
+) -> tuple[str, str] | None:
+    """Why `claim` ("ns/name") cannot be prepared, as (message naming the field, reason): its
+    results checked against each other and against `others`, the claims prepared (or planned)
+    so far by UID, its own entry left out; None when every result keeps the rules."""
     held = [
         _Held(f"ResourceClaim {c.namespace}/{c.name}", d)
         for c in others.values()
@@ -81,7 +74,8 @@ def admit(claim: str, asked: Sequence[Asked], others: Mapping[str, PreparedClaim
     for n, one in enumerate(asked):
         own = [_Held(f"{a.field} of this claim", a.device) for a in asked[:n]]
         for problem, reason in _problems(one, held, own):
-            raise AdmissionError(f"ResourceClaim {claim}: {problem}", reason)
+            return f"ResourceClaim {claim}: {problem}", reason
+    return None
 
 
 def _problems(one: Asked, held: Sequence[_Held], own: Sequence[_Held]) -> Iterator[tuple[str, str]]:

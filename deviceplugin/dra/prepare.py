@@ -52,7 +52,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from deviceplugin.dra.admission import AdmissionError, Asked, admit
+from deviceplugin.dra.admission import Asked, refusal
 from deviceplugin.dra.checkpoint import (
     COMPLETED,
     STARTED,
@@ -632,10 +632,10 @@ class Preparer:
                 )
             devices.append(device)
             asked.append(one)
-        try:  # the one admission step: nothing is written before it
-            admit(str(ref), asked, {u: c for u, c in others.items() if u != ref.uid})
-        except AdmissionError as err:
-            raise PrepareError(str(err), err.reason) from err
+        # the one admission step: nothing is written before it
+        refused = refusal(str(ref), asked, {u: c for u, c in others.items() if u != ref.uid})
+        if refused is not None:
+            raise PrepareError(*refused)
         planned = PreparedClaim(ref.namespace, ref.name, tuple(devices), STARTED)
         return planned, (edits if edits else None)
 
