@@ -52,7 +52,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from deviceplugin.dra.admission import Asked, refusal
+from deviceplugin.dra.admission import RESULTS_PATH, Asked, refusal
 from deviceplugin.dra.checkpoint import (
     COMPLETED,
     STARTED,
@@ -113,10 +113,10 @@ logger = logging.getLogger(__name__)
 JsonObject = dict[str, Any]
 CONFIG_SECONDS = 5.0  # to read a claim's opaque config; `opaquebounds` keeps it far within
 CDI_CLASS = "claim"
-RESULTS_PATH = "status.allocation.devices.results"
 LOCK_FILE_NAME = "checkpoint.lock"
 
-# Why a claim could not be prepared: the `reason` label of the failure metric.
+# Why a claim could not be prepared: the `reason` label of the failure metric (and admission's:
+# `admission.py`; migcut's: `migcut.py`).
 INVALID_REFERENCE = "invalid-reference"  # the kubelet's namespace, name or UID
 NOT_FOUND = "not-found"
 API_ERROR = "api-error"
