@@ -142,6 +142,7 @@ SERVE_MODULES = _COMMON_MODULES | frozenset(
 DRA_SERVE_MODULES = _COMMON_MODULES | frozenset(
     {
         "deviceplugin.dra",
+        "deviceplugin.dra.admission",
         "deviceplugin.dra.checkpoint",
         "deviceplugin.dra.coexistence",
         "deviceplugin.dra.devicehealth",

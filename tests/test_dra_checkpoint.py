@@ -43,7 +43,13 @@ CLAIMS = {
         "set-up",
         (
             PreparedDevice(
-                ("gpu",), "node-1", "gpu-5", ("k/c=uid-3-gpu-5-s",), share_id="s", interval="Long"
+                ("gpu",),
+                "node-1",
+                "gpu-5",
+                ("k/c=uid-3-gpu-5-s",),
+                share_id="s",
+                interval="Long",
+                memory=20 << 30,
             ),
             PreparedDevice(("mon",), "node-1", "gpu-6", ("k/c=uid-3-gpu-6",), admin_access=True),
         ),
@@ -75,6 +81,7 @@ def test_devices_record_only_the_setup_keys_that_are_set(tmp_path: Path) -> None
     assert set(entries["uid-3"]["devices"][0]) - set(entries["uid-1"]["devices"][0]) == {
         "shareID",
         "timeSliceInterval",
+        "memoryShare",
     }
 
 

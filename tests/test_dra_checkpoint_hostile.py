@@ -216,7 +216,8 @@ def test_any_bytes_load_or_are_refused(tmp_path: Path, content: bytes) -> None:
 
 
 KEYS = ["state", "namespace", "name", "devices", "requests", "pool", "device", "cdiDeviceIDs"]
-KEYS += ["adminAccess", "shareID", "sharing", "timeSliceInterval", "claims", "bootID"]
+KEYS += ["adminAccess", "shareID", "sharing", "timeSliceInterval", "memoryShare", "claims"]
+KEYS += ["bootID"]
 json_values = st.recursive(
     st.none()
     | st.booleans()

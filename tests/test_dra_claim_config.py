@@ -285,7 +285,8 @@ def test_a_device_is_prepared_for_one_claim_unless_admin_access_or_share_ids_sha
             response = await node.watcher.prepare(DRIVER, [owner, taken, monitor, *shares])
             errors = {uid: e.error for uid, e in response.claims.items()}
             assert errors[taken[2]] == (
-                f"ResourceClaim default/taken: {WHOLE[0]} is already prepared for ResourceClaim"
+                "ResourceClaim default/taken: status.allocation.devices.results[0]:"
+                f" {WHOLE[0]} is already prepared for ResourceClaim"
                 " default/owner; claims share a device only with admin access or each with its"
                 " own share ID"
             )

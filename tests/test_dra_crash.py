@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -61,10 +61,14 @@ class Node:
         found = [p for p in (*self.cdi.glob("*"), *(self.kubelet / "plugins" / DRIVER).glob("*"))]
         return sorted(p.name for p in found if p.name not in kept)
 
+    async def serve(self, **env: str) -> asyncio.subprocess.Process:
+        """`dra serve --simulate` for this node, not yet registered."""
+        return await start_serve(self.root, self.server.url, self.kubelet, **env)
+
     async def start(self, **env: str) -> None:
         """A driver process, registered with the emulator (again, after a crash)."""
         registered = len([a for a in self.watcher.attempts if a.ok])
-        self.process = await start_serve(self.root, self.server.url, self.kubelet, **env)
+        self.process = await self.serve(**env)
         await until(lambda: len([a for a in self.watcher.attempts if a.ok]) > registered)
         await self.watcher.wait_registered(DRIVER, TIMEOUT)
 
@@ -84,14 +88,19 @@ async def until(predicate: Callable[[], bool]) -> None:
             await asyncio.sleep(0.02)
 
 
+N = TypeVar("N", bound=Node)
+
+
 @asynccontextmanager
-async def node() -> AsyncIterator[Node]:
+async def node(make: Callable[[Path, ApiServer, PluginWatcher], N]) -> AsyncIterator[N]:
+    """A node made by `make` (`Node`, or one serving another way), its processes killed and its
+    files removed at the end."""
     root = short_dir()
     server = ApiServer()
     await server.start()
     watcher = PluginWatcher(root / "kubelet")
     await watcher.start()
-    here = Node(root, server, watcher)
+    here = make(root, server, watcher)
     try:
         yield here
     finally:
@@ -106,7 +115,7 @@ async def node() -> AsyncIterator[Node]:
 @pytest.mark.parametrize("point", first_quick([PREPARE_AFTER_CDI_SPEC, PREPARE_AFTER_CHECKPOINT]))
 def test_a_driver_killed_during_prepare_prepares_the_claim_once_on_the_retry(point: str) -> None:
     async def body() -> None:
-        async with node() as here:
+        async with node(Node) as here:
             await here.start(DP_FAILPOINT=point)
             uid = here.server.add_claim(claim("crash", [("gpu", DEVICE)]))["metadata"]["uid"]
             ref = ("default", "crash", uid)
@@ -143,7 +152,7 @@ def test_a_driver_killed_during_prepare_prepares_the_claim_once_on_the_retry(poi
 
 def test_a_driver_killed_during_unprepare_finishes_it_on_the_retry() -> None:
     async def body() -> None:
-        async with node() as here:
+        async with node(Node) as here:
             await here.start(DP_FAILPOINT=UNPREPARE_AFTER_CDI_SPEC_REMOVED)
             uid = here.server.add_claim(claim("crash", [("gpu", DEVICE)]))["metadata"]["uid"]
             ref = ("default", "crash", uid)
@@ -167,7 +176,7 @@ def test_a_driver_killed_during_unprepare_finishes_it_on_the_retry() -> None:
 
 def test_a_driver_started_after_a_reboot_drops_the_earlier_boots_claims() -> None:
     async def body() -> None:
-        async with node() as here:
+        async with node(Node) as here:
             boot = here.root / "boot_id"
             boot.write_text("11111111-1111-4111-8111-111111111111\n")
             await here.start(DP_BOOT_ID_FILE=str(boot))
@@ -197,7 +206,7 @@ def test_a_driver_started_after_a_reboot_drops_the_earlier_boots_claims() -> Non
 
 def test_an_unknown_failpoint_stops_the_driver_at_start_naming_it() -> None:
     async def body() -> None:
-        async with node() as here:
+        async with node(Node) as here:
             here.process = await start_serve(
                 here.root, here.server.url, here.kubelet, DP_FAILPOINT="prepare-maybe"
             )

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +19,18 @@ import grpc
 import pynvml
 import pytest
 from suites import first_quick
-from test_dra_crash import TIMEOUT, until
+from test_dra_crash import TIMEOUT, Node
+from test_dra_crash import node as restarted_node
 
 from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.dra.failpoints import (
-    EXIT_STATUS,
     PREPARE_AFTER_CDI_SPEC,
     PREPARE_AFTER_CHECKPOINT,
     PREPARE_AFTER_COMPUTE_INSTANCE,
     PREPARE_AFTER_GPU_INSTANCE,
+    PREPARE_BEFORE_GPU_INSTANCE,
 )
 from deviceplugin.node.nvml_mig import MigModule
-from deviceplugin.sim.apiserver import ApiServer
-from deviceplugin.sim.pluginwatcher import PluginWatcher
 from testbed.simnvml import mig_layout, on_library
 from tests.draplugin import (
     DRIVER,
@@ -41,7 +41,6 @@ from tests.draplugin import (
     resolve,
     run,
     running_driver,
-    short_dir,
     write_kubeconfig,
 )
 
@@ -245,6 +244,34 @@ async def serve(root: Path, url: str, library: Path, **env: str) -> asyncio.subp
     )
 
 
+@dataclass
+class LibraryNode(Node):
+    """`dra serve --mig-mode dynamic` processes one after another on one simulated library, as
+    a node restarts its driver."""
+
+    library: Path = field(default_factory=lambda: library_tree(PRESET))
+
+    async def serve(self, **env: str) -> asyncio.subprocess.Process:
+        return await serve(self.root, self.server.url, self.library, **env)
+
+    async def crash_preparing(self, point: str) -> tuple[str, str, str]:
+        """Start armed at `point` and send a claim for THREE_G_AT_4, which kills the driver
+        there; the claim as the kubelet names it."""
+        await self.start(DP_FAILPOINT=point)
+        uid = self.server.add_claim(claim("cut", [("mig", THREE_G_AT_4)]))["metadata"]["uid"]
+        with pytest.raises(grpc.aio.AioRpcError):
+            await self.watcher.prepare(DRIVER, [("default", "cut", uid)])
+        await self.crashed()
+        return "default", "cut", uid
+
+    async def stop(self) -> str:
+        """Stop the running driver; what it logged."""
+        assert self.process is not None and self.process.stderr is not None
+        self.process.terminate()
+        await asyncio.wait_for(self.process.wait(), TIMEOUT)
+        return (await self.process.stderr.read()).decode()
+
+
 @pytest.mark.parametrize(
     "point",
     first_quick(
@@ -258,52 +285,101 @@ async def serve(root: Path, url: str, library: Path, **env: str) -> asyncio.subp
 )
 def test_a_driver_killed_while_cutting_leaves_one_prepared_claim_and_no_orphan(point: str) -> None:
     async def body() -> None:
-        root, library = short_dir(), library_tree(PRESET)
-        server, watcher = ApiServer(), PluginWatcher(root / "kubelet")
-        await server.start()
-        await watcher.start()
-        process = None
-
-        async def start(**env: str) -> asyncio.subprocess.Process:
-            registered = len([a for a in watcher.attempts if a.ok])
-            started = await serve(root, server.url, library, **env)
-            await until(lambda: len([a for a in watcher.attempts if a.ok]) > registered)
-            await watcher.wait_registered(DRIVER, TIMEOUT)
-            return started
-
-        try:
-            process = await start(DP_FAILPOINT=point)
-            uid = server.add_claim(claim("cut", [("mig", THREE_G_AT_4)]))["metadata"]["uid"]
-            ref = ("default", "cut", uid)
-            with pytest.raises(grpc.aio.AioRpcError):
-                await watcher.prepare(DRIVER, [ref])
-            code = await asyncio.wait_for(process.wait(), TIMEOUT)
-            assert process.stderr is not None
-            assert code == EXIT_STATUS, (await process.stderr.read()).decode()
+        async with restarted_node(LibraryNode) as here:
+            library, kubelet = here.library, here.root / "kubelet"
+            ref = await here.crash_preparing(point)
+            uid = ref[2]
             assert read_back(library)["gis"] == [[9, 4, 4]]  # cut before the crash
             kept = point == PREPARE_AFTER_CHECKPOINT
 
-            process = await start()
+            await here.start()
             if not kept:  # rolled back at start-up: the instance destroyed
                 assert read_back(library)["gis"] == []
-                assert uid not in checkpoint(root / "kubelet")["claims"]
-            response = await watcher.prepare(DRIVER, [ref])
+                assert uid not in checkpoint(kubelet)["claims"]
+            response = await here.watcher.prepare(DRIVER, [ref])
             assert response.claims[uid].error == ""
             held = read_back(library)
             assert held["gis"] == [[9, 4, 4]] and len(held["migs"]) == 1
-            saved = checkpoint(root / "kubelet")["claims"]
+            saved = checkpoint(kubelet)["claims"]
             assert list(saved) == [uid] and saved[uid]["state"] == "PrepareCompleted"
             assert saved[uid]["devices"][0]["migPartition"]["uuid"] == held["migs"][0]
 
-            await watcher.unprepare(DRIVER, [ref])
+            await here.watcher.unprepare(DRIVER, [ref])
             assert read_back(library)["gis"] == []
-            assert checkpoint(root / "kubelet")["claims"] == {}
-        finally:
-            if process is not None and process.returncode is None:
-                process.kill()
-                await process.wait()
-            await watcher.stop()
-            await server.stop()
+            assert checkpoint(kubelet)["claims"] == {}
+
+    asyncio.run(body())
+
+
+def gpu_instance_ids(root: Path) -> dict[tuple[int, int, int], int]:
+    """GPU 0's GPU instances: (profile id, start, size) -> id."""
+    return {
+        (gi["profileId"], *gi["placement"]): gi["id"] for gi in mig_layout(root)[0]["gpuInstances"]
+    }
+
+
+def test_a_gpu_instance_is_checkpointed_before_its_compute_instance_and_destroyed_at_start() -> (
+    None
+):
+    async def body() -> None:
+        async with restarted_node(LibraryNode) as here:
+            ref = await here.crash_preparing(PREPARE_AFTER_GPU_INSTANCE)
+            (made,) = gpu_instance_ids(here.library).values()
+            saved = checkpoint(here.root / "kubelet")["claims"][ref[2]]
+            assert saved["state"] == "PrepareStarted"
+            partition = saved["devices"][0]["migPartition"]
+            assert partition["gpuInstanceID"] == made and "computeInstanceID" not in partition
+
+            await here.start()  # rolls the claim back: the instance it recorded is its own
+            assert read_back(here.library)["gis"] == []
+            assert "dra.mig.destroyed" in await here.stop()
+
+    asyncio.run(body())
+
+
+# Between the crash and the restart an operator replaces the driver's GPU instance at 4+4 by
+# one of their own with a compute instance; another instance first takes the freed id.
+REPLACED = """
+ours = n.nvmlDeviceGetGpuInstanceById(gpu, {gi})
+n.nvmlGpuInstanceDestroy(ours)
+place = n.c_nvmlGpuInstancePlacement_t()
+place.start, place.size = 0, 1
+n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 19, ctypes.pointer(place))
+place.start, place.size = 4, 4
+gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, ctypes.pointer(place))
+n.nvmlGpuInstanceCreateComputeInstance(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+"""
+
+# Between the crash and the restart an operator cuts the partition's placement themselves.
+TAKEN = """
+place = n.c_nvmlGpuInstancePlacement_t()
+place.start, place.size = 4, 4
+gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(gpu, 9, ctypes.pointer(place))
+n.nvmlGpuInstanceCreateComputeInstance(gi, n.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE)
+"""
+
+
+@pytest.mark.parametrize(
+    ("point", "operator"),
+    [(PREPARE_AFTER_GPU_INSTANCE, REPLACED), (PREPARE_BEFORE_GPU_INSTANCE, TAKEN)],
+    ids=["another-gpu-instance-id", "no-gpu-instance-id-recorded"],
+)
+def test_an_operators_instance_at_the_placement_after_a_crash_is_left_alone(
+    point: str, operator: str
+) -> None:
+    async def body() -> None:
+        async with restarted_node(LibraryNode) as here:
+            await here.crash_preparing(point)
+            ours = gpu_instance_ids(here.library).get((9, 4, 4), -1)
+            on_library(here.library, operator.format(gi=ours))
+            theirs, migs = gpu_instance_ids(here.library), read_back(here.library)["migs"]
+            assert theirs[(9, 4, 4)] != ours and migs
+
+            await here.start()  # rolls the claim back, destroying nothing of theirs
+            assert gpu_instance_ids(here.library) == theirs
+            assert read_back(here.library)["migs"] == migs
+            log = await here.stop()
+            assert "dra.mig.left_alone" in log and "dra.mig.destroyed" not in log
 
     asyncio.run(body())
 

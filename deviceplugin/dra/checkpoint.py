@@ -13,8 +13,9 @@ Each claim has a `state`: `PrepareStarted` while its CDI spec is being written, 
 `PrepareCompleted`, so a crash in between is found and undone at start-up. `bootID` is the
 node's boot that wrote the file: prepared state does not survive a reboot. Each device also
 records how it was set up, each key only when set (`adminAccess`, `shareID`, `sharing`,
-`timeSliceInterval`, `mpsDaemon` `{uuid, pipeDir, pid}`: the device's MPS control daemon, and
-`migPartition` for a dynamic MIG partition: `migrecord.py`).
+`timeSliceInterval`, `memoryShare`: the bytes of its memory share, which admission sums,
+`mpsDaemon` `{uuid, pipeDir, pid}`: the device's MPS control daemon, and `migPartition` for a
+dynamic MIG partition: `migrecord.py`).
 
 Older versions are read and migrated one step at a time (`_MIGRATIONS`: version 1 had neither
 states nor a boot ID; its claims were all complete), and the next save writes the current
@@ -83,6 +84,7 @@ class PreparedDevice:
     interval: str = ""  # the GPU's time slice when time-sliced
     partition: MigPartition | None = None  # a dynamic MIG partition this driver cuts
     mps: MpsDaemon | None = None  # with MPS sharing
+    memory: int = 0  # bytes of its memory share (`--gpu-sharing memory`), 0 for none
 
 
 @record(frozen=True)
@@ -262,6 +264,7 @@ def _device_entry(device: PreparedDevice) -> dict[str, Any]:
         "shareID": device.share_id,
         "sharing": device.sharing,
         "timeSliceInterval": device.interval,
+        "memoryShare": device.memory,
     }
     entry.update({key: value for key, value in optional.items() if value})
     if device.partition is not None:
@@ -279,6 +282,12 @@ def _daemon(entry: Mapping[str, Any] | None) -> MpsDaemon | None:
     if not isinstance(pid, int) or isinstance(pid, bool) or pid < 0:
         raise ValueError(f"mpsDaemon.pid {pid!r} is not a process ID")
     return MpsDaemon(str(entry["uuid"]), str(entry["pipeDir"]), pid)
+
+
+def _memory(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"memoryShare {_clipped(value)} is not a number of bytes")
+    return value
 
 
 def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
@@ -301,6 +310,7 @@ def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
                 interval=str(d.get("timeSliceInterval", "")),
                 partition=read_partition(d["migPartition"]) if "migPartition" in d else None,
                 mps=_daemon(d.get("mpsDaemon")),
+                memory=_memory(d.get("memoryShare", 0)),
             )
             for d in entry["devices"]
         ),

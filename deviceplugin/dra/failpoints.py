@@ -26,7 +26,10 @@ PREPARE_AFTER_CDI_SPEC = "prepare-after-cdi-spec"
 PREPARE_AFTER_CHECKPOINT = "prepare-after-checkpoint"
 # The spec is gone; the checkpoint still lists the claim.
 UNPREPARE_AFTER_CDI_SPEC_REMOVED = "unprepare-after-cdi-spec-removed"
-# Dynamic MIG: a partition's GPU instance exists, its compute instance not yet.
+# Dynamic MIG: a partition is checkpointed as wanted; none of its instances exists yet.
+PREPARE_BEFORE_GPU_INSTANCE = "prepare-before-gpu-instance"
+# Dynamic MIG: a partition's GPU instance exists and its id is checkpointed; its compute
+# instance does not exist yet.
 PREPARE_AFTER_GPU_INSTANCE = "prepare-after-gpu-instance"
 # Dynamic MIG: the compute instance exists too; the checkpoint does not record either.
 PREPARE_AFTER_COMPUTE_INSTANCE = "prepare-after-compute-instance"
@@ -34,6 +37,7 @@ POINTS = (
     PREPARE_AFTER_CDI_SPEC,
     PREPARE_AFTER_CHECKPOINT,
     UNPREPARE_AFTER_CDI_SPEC_REMOVED,
+    PREPARE_BEFORE_GPU_INSTANCE,
     PREPARE_AFTER_GPU_INSTANCE,
     PREPARE_AFTER_COMPUTE_INSTANCE,
 )

@@ -4,11 +4,14 @@ driver cut for a claim that never completed destroyed, while instances someone e
 left alone and reported.
 
 Ownership is what the checkpoint records (`migrecord.py`): a partition is recorded before its
-GPU instance is created, so after a crash at any step the instance at that GPU, profile and
-placement is known to be this driver's. An instance no recorded partition accounts for is
-foreign: never destroyed, and the partitions (and whole GPU) it overlaps are published tainted
-(`blocked`), so the scheduler does not pick them. A placement found taken at Prepare fails
-that claim and leaves the instance as it is.
+GPU instance is created, and again with the GPU instance's id before its compute instance is
+made (`record`, called between the two). Only an instance this driver can prove it made is
+destroyed: the recorded profile, placement and GPU-instance id, and the compute-instance id
+where one is recorded, all matching what the GPU has. Any other instance, one an operator made
+at the same placement after a crash included, is left alone with a log line. An instance no
+recorded partition accounts for is foreign: never destroyed, and the partitions (and whole GPU)
+it overlaps are published tainted (`blocked`), so the scheduler does not pick them. A placement
+found taken at Prepare fails that claim and leaves the instance as it is.
 
 MIG mode: a GPU whose mode is off (Hopper and later change it at once) is turned on by the
 first cut and off by the removal of the last instance on it, only when this driver turned it
@@ -21,12 +24,13 @@ Every method blocks on NVML: call it off the event loop. Calls for one GPU are s
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from deviceplugin.dra.failpoints import (
     PREPARE_AFTER_COMPUTE_INSTANCE,
     PREPARE_AFTER_GPU_INSTANCE,
+    PREPARE_BEFORE_GPU_INSTANCE,
     Failpoints,
 )
 from deviceplugin.dra.migrecord import MigPartition
@@ -43,6 +47,10 @@ logger = logging.getLogger(__name__)
 # Why a partition could not be cut: the `reason` label of the prepare-failure metric.
 PLACEMENT_TAKEN = "mig-placement-taken"
 CUT_FAILED = "mig-cut-failed"
+
+# Checkpoints a claim's partitions as cut so far (each of `wanted`, those not yet reached as
+# recorded); raises CutError when it cannot.
+Recorder = Callable[[Sequence[MigPartition]], None]
 
 
 class CutError(DevicePluginError):
@@ -74,16 +82,21 @@ class MigCutter:
         self._failpoints = failpoints or Failpoints()
 
     def cut(
-        self, wanted: Sequence[MigPartition], held: Iterable[MigPartition]
+        self, wanted: Sequence[MigPartition], held: Iterable[MigPartition], record: Recorder
     ) -> list[MigPartition]:
         """Cut each of `wanted` (recorded, not yet cut), `held` being the partitions other
-        claims hold; the same partitions with what was made. Raises CutError, after destroying
-        what this call made."""
+        claims hold, each GPU instance's id passed to `record` before its compute instance is
+        made; the same partitions with what was made. Raises CutError, after destroying what
+        this call made."""
         held = list(held)
         done: list[MigPartition] = []
         try:
-            for partition in wanted:
-                done.append(self._cut_one(partition, [*held, *done]))
+            for n, partition in enumerate(wanted):
+
+                def record_one(made: MigPartition, n: int = n) -> None:
+                    record([*done, made, *wanted[n + 1 :]])
+
+                done.append(self._cut_one(partition, [*held, *done], record_one))
         except (CutError, NvmlError) as err:
             for made in reversed(done):
                 self._release_logged(made)
@@ -93,15 +106,27 @@ class MigCutter:
         return done
 
     def release(self, partition: MigPartition) -> None:
-        """Destroy the partition's compute and GPU instance (gone already counts as done), and
-        turn MIG mode off where this driver turned it on and no instance is left. Raises
+        """Destroy the partition's compute and GPU instance when this driver provably made them
+        (gone already counts as done; another instance at the placement is left alone, logged),
+        and turn MIG mode off where this driver turned it on and no instance is left. Raises
         NvmlError."""
         control, gpu = self._control, partition.gpu
         with control.gpu(gpu):
             for instance in control.gpu_instances(gpu):
-                if _is(instance, partition):
+                if _made(instance, partition):
                     control.destroy(gpu, instance.id, instance.compute_instances)
                     log_event(logger, "dra.mig.destroyed", gpu=gpu, gpu_instance=instance.id)
+                elif instance.overlaps(partition.start, partition.size):
+                    log_event(
+                        logger,
+                        "dra.mig.left_alone",
+                        logging.WARNING,
+                        gpu=gpu,
+                        gpu_instance=instance.id,
+                        compute_instances=list(instance.compute_instances),
+                        recorded=_recorded(partition),
+                        hint="not the instance this driver recorded for the partition",
+                    )
             if partition.enabled_mig_mode and not control.gpu_instances(gpu):
                 try:
                     control.set_mig_mode(gpu, MIG_DISABLE)
@@ -128,15 +153,21 @@ class MigCutter:
                 )
                 continue
             for instance in instances:
-                if not any(p.gpu == gpu.uuid and _is(instance, p) for p in mine):
+                if not any(p.gpu == gpu.uuid and _accounted(instance, p) for p in mine):
                     found.append(ForeignInstance(gpu.uuid, gpu.minor, instance))
         return found
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _cut_one(self, partition: MigPartition, held: Sequence[MigPartition]) -> MigPartition:
+    def _cut_one(
+        self,
+        partition: MigPartition,
+        held: Sequence[MigPartition],
+        record: Callable[[MigPartition], None],
+    ) -> MigPartition:
         control, gpu = self._control, partition.gpu
         with control.gpu(gpu):
+            self._failpoints.reach(PREPARE_BEFORE_GPU_INSTANCE)
             enabled = self._mig_mode_on(partition, held)
             for instance in control.gpu_instances(gpu):
                 if instance.overlaps(partition.start, partition.size):
@@ -150,10 +181,11 @@ class MigCutter:
             gi_id = control.create_gpu_instance(
                 gpu, partition.profile_id, partition.start, partition.size
             )
-            self._failpoints.reach(PREPARE_AFTER_GPU_INSTANCE)
             try:
+                record(replace(partition, gpu_instance=gi_id, enabled_mig_mode=enabled))
+                self._failpoints.reach(PREPARE_AFTER_GPU_INSTANCE)
                 made = control.create_compute_instance(gpu, gi_id)
-            except NvmlError:
+            except (CutError, NvmlError):
                 control.destroy(gpu, gi_id, ())
                 raise
             self._failpoints.reach(PREPARE_AFTER_COMPUTE_INSTANCE)
@@ -201,15 +233,38 @@ class MigCutter:
             )
 
 
-def _is(instance: GpuInstance, partition: MigPartition) -> bool:
-    """Whether `instance` is the partition's: same profile and placement, and the recorded id
-    once there is one."""
-    same = (instance.profile_id, instance.start, instance.size) == (
+def _placed(instance: GpuInstance, partition: MigPartition) -> bool:
+    """Whether `instance` has the partition's profile and placement."""
+    return (instance.profile_id, instance.start, instance.size) == (
         partition.profile_id,
         partition.start,
         partition.size,
     )
-    return same and partition.gpu_instance in (-1, instance.id)
+
+
+def _accounted(instance: GpuInstance, partition: MigPartition) -> bool:
+    """Whether the partition accounts for `instance`, so it is not foreign: at its placement,
+    with the recorded id once there is one (before, it may be being cut now)."""
+    return _placed(instance, partition) and partition.gpu_instance in (-1, instance.id)
+
+
+def _made(instance: GpuInstance, partition: MigPartition) -> bool:
+    """Whether this driver provably made `instance` for the partition: at its placement, with
+    the recorded GPU-instance id, and the recorded compute instance among its own."""
+    return (
+        _placed(instance, partition)
+        and partition.gpu_instance == instance.id
+        and partition.compute_instance in (-1, *instance.compute_instances)
+    )
+
+
+def _recorded(partition: MigPartition) -> str:
+    ids = [
+        ("GPU instance", partition.gpu_instance),
+        ("compute instance", partition.compute_instance),
+    ]
+    known = [f"{what} {value}" for what, value in ids if value >= 0]
+    return f"{partition}, {', '.join(known) or 'no instance id'}"
 
 
 def cut_device(partition: MigPartition, profile: MigProfile) -> MigDevice:

@@ -2,8 +2,10 @@
 cut, what was made, so a driver that died at any step knows what is its own to destroy.
 
 A partition is recorded in the claim's `PrepareStarted` entry before anything is created (the
-GPU, the GPU-instance profile and the placement), then again with the GPU-instance and
-compute-instance ids and the MIG device's UUID once both exist. `enabledMigMode` says this
+GPU, the GPU-instance profile and the placement), again with the GPU-instance id once that
+instance exists and before its compute instance is made, then with the compute-instance id and
+the MIG device's UUID once both exist: start-up destroys only an instance whose recorded ids
+match. `enabledMigMode` says this
 driver turned the GPU's MIG mode on (Hopper and later); it is carried to every later partition
 of that GPU, so the last one removed turns it off again. In the checkpoint it is the device's
 `migPartition` object; a device without one is a whole GPU or a MIG device cut by someone else.
@@ -46,12 +48,13 @@ def partition_entry(partition: MigPartition) -> dict[str, Any]:
         "placementStart": partition.start,
         "placementSize": partition.size,
     }
-    if partition.cut:
-        entry.update(
-            gpuInstanceID=partition.gpu_instance,
-            computeInstanceID=partition.compute_instance,
-            uuid=partition.uuid,
-        )
+    made = {
+        "gpuInstanceID": partition.gpu_instance,
+        "computeInstanceID": partition.compute_instance,
+    }
+    entry.update({key: value for key, value in made.items() if value >= 0})
+    if partition.uuid:
+        entry["uuid"] = partition.uuid
     if partition.enabled_mig_mode:
         entry["enabledMigMode"] = True
     return entry

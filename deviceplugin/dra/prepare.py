@@ -45,12 +45,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from deviceplugin.dra.admission import RESULTS_PATH, Asked, refusal
 from deviceplugin.dra.checkpoint import (
     COMPLETED,
     STARTED,
@@ -71,7 +73,7 @@ from deviceplugin.dra.failpoints import (
 from deviceplugin.dra.memorylimits import LimitHook
 from deviceplugin.dra.migcut import CutError, MigCutter, cut_device
 from deviceplugin.dra.migrecord import MigPartition
-from deviceplugin.dra.mpsclient import MIB, client_edits, mixing_problem, second_mps_device
+from deviceplugin.dra.mpsclient import MIB, client_edits, second_mps_device
 from deviceplugin.dra.mpsdevices import MpsDevices, recorded
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
@@ -111,10 +113,10 @@ logger = logging.getLogger(__name__)
 JsonObject = dict[str, Any]
 CONFIG_SECONDS = 5.0  # to read a claim's opaque config; `opaquebounds` keeps it far within
 CDI_CLASS = "claim"
-RESULTS_PATH = "status.allocation.devices.results"
 LOCK_FILE_NAME = "checkpoint.lock"
 
-# Why a claim could not be prepared: the `reason` label of the failure metric.
+# Why a claim could not be prepared: the `reason` label of the failure metric (and admission's:
+# `admission.py`; migcut's: `migcut.py`).
 INVALID_REFERENCE = "invalid-reference"  # the kubelet's namespace, name or UID
 NOT_FOUND = "not-found"
 API_ERROR = "api-error"
@@ -123,14 +125,11 @@ NOT_ALLOCATED = "not-allocated"
 INVALID_CONFIG = "invalid-config"  # opaque config, a share ID
 UNKNOWN_DEVICE = "unknown-device"
 HOST_FILES = "host-files"  # the device's CDI edits cannot be built
-OVERLAP = "overlap"  # the device is prepared for another claim
-TIME_SLICE = "time-slice"  # another time slice than the GPU runs
 CDI_SPEC = "cdi-spec"  # the spec cannot be written
 CHECKPOINT = "checkpoint"  # the checkpoint cannot be saved
 LOCKED = "locked"  # another driver process holds the node's lock
 NO_CUTTER = "no-mig-cutter"  # a dynamic MIG partition, on a driver that cannot cut one
 MPS_DAEMON = "mps-daemon"  # the device's MPS control daemon cannot be started
-MIXED_SHARING = "mixed-sharing"  # MPS and not on one device
 MPS_TENANT = "mps-tenant"  # the device's MPS daemon serves a namespace this one may not join
 
 
@@ -618,11 +617,13 @@ class Preparer:
         if isinstance(entries, PrepareError):
             raise entries
         devices: list[PreparedDevice] = []
+        asked: list[Asked] = []
         edits: dict[str, JsonObject] = {}
         for index, result in enumerate(allocated.get("results") or []):
             if result.get("driver") != self.driver:
                 continue
-            device, cdi_name, device_edits = self._result(ref, index, result, entries, others)
+            one, cdi_name, device_edits = self._result(ref, index, result, entries, others)
+            device = one.device
             edits.setdefault(cdi_name, device_edits)
             first = next((d for d in devices if d.mps is not None), None)
             if device.mps is not None and first is not None and first.device != device.device:
@@ -630,6 +631,11 @@ class Preparer:
                     second_mps_device(str(ref), first.device, device.device, index), INVALID_CONFIG
                 )
             devices.append(device)
+            asked.append(one)
+        # the one admission step: nothing is written before it
+        refused = refusal(str(ref), asked, {u: c for u, c in others.items() if u != ref.uid})
+        if refused is not None:
+            raise PrepareError(*refused)
         planned = PreparedClaim(ref.namespace, ref.name, tuple(devices), STARTED)
         return planned, (edits if edits else None)
 
@@ -640,10 +646,12 @@ class Preparer:
         result: JsonObject,
         entries: Sequence[ConfigEntry],
         others: Mapping[str, PreparedClaim],
-    ) -> tuple[PreparedDevice, str, JsonObject]:
-        """One allocation result of ours: the device as the kubelet is told of it, its CDI
-        device name and edits. Admin access gets the device as it is (no sharing settings: a
-        monitor must not change how others share it); a share ID names its own CDI device."""
+    ) -> tuple[Asked, str, JsonObject]:
+        """One allocation result of ours: the device as the kubelet is told of it (with what
+        admission checks of it), its CDI device name and edits; `others` are the claims prepared
+        so far (for its MPS daemon's namespace). Admin access gets the device as it is (no
+        sharing settings: a monitor must not change how others share it); a share ID names its
+        own CDI device."""
         name, pool = str(result.get("device", "")), str(result.get("pool", ""))
         request = str(result.get("request", ""))
         found = self._devices.by_name.get(name) if pool == self.pool else None
@@ -710,9 +718,10 @@ class Preparer:
             if cutting is None
             else MigPartition(cutting[0].uuid, cutting[1].profile_id, cutting[2], cutting[3]),
             mps=daemon,
+            memory=limit or 0,
         )
-        _check_neighbours(ref, device, settings, others)
-        return device, cdi_name, edits
+        capacity = (found[1] or found[0]).memory_mib * MIB
+        return Asked(index, device, settings.origin, capacity), cdi_name, edits
 
     def _mps_client(
         self,
@@ -844,29 +853,24 @@ class Preparer:
         outcomes: dict[str, Outcome],
     ) -> dict[str, tuple[PreparedClaim, JsonObject | None]]:
         """`fresh` with each claim's MIG partitions cut (`migcut.py`, off the loop) and their
-        device nodes in its edits; a claim that cannot be cut gets its outcome here, nothing of
-        it left on the GPUs."""
+        device nodes in its edits, each GPU instance checkpointed before its compute instance
+        is made; a claim that cannot be cut gets its outcome here, nothing of it left on the
+        GPUs."""
         cut = dict(fresh)
         for uid, (claim, edits) in fresh.items():
             wanted = [p for d in claim.devices if (p := d.partition) is not None]
             if not wanted or self._cutter is None or edits is None:
                 continue
             held = [p for u, c in self._claims.items() if u != uid for p in c.partitions]
+            record = functools.partial(self._record_cut, uid, claim)
             try:
-                made = await asyncio.to_thread(self._cutter.cut, wanted, held)
+                made = await asyncio.to_thread(self._cutter.cut, wanted, held, record)
             except CutError as err:
                 why = f"ResourceClaim {claim.namespace}/{claim.name}: {err}"
                 outcomes[uid] = Outcome(error=why, reason=err.reason)
                 _log_failed(claim, uid, why)
                 continue
-            made_by_device = dict(
-                zip((d.device for d in claim.devices if d.partition), made, strict=True)
-            )
-            devices = tuple(
-                replace(d, partition=made_by_device[d.device]) if d.partition else d
-                for d in claim.devices
-            )
-            claim = replace(claim, devices=devices)
+            claim = _with_partitions(claim, made)
             self._claims[uid] = claim
             try:
                 edits = {**edits, **self._cut_edits(claim, edits)}
@@ -878,6 +882,14 @@ class Preparer:
                 continue
             cut[uid] = (claim, edits)
         return cut
+
+    def _record_cut(self, uid: str, claim: PreparedClaim, cut: Sequence[MigPartition]) -> None:
+        """Checkpoint the claim with its partitions as cut so far (in the cutter's thread, the
+        loop waiting on it under the locks). Raises CutError."""
+        try:
+            self._checkpoint.save({**self._claims, uid: _with_partitions(claim, cut)})
+        except OSError as err:
+            raise CutError(self._save_failed(err), CHECKPOINT) from err
 
     def _cut_edits(self, claim: PreparedClaim, edits: JsonObject) -> JsonObject:
         """The CDI devices of the claim's cut partitions with their device nodes. Raises
@@ -927,6 +939,13 @@ async def _both(lock: asyncio.Lock, node_lock: NodeLock) -> AsyncIterator[None]:
         yield
 
 
+def _with_partitions(claim: PreparedClaim, partitions: Sequence[MigPartition]) -> PreparedClaim:
+    """The claim with its partitions' devices' records replaced, in order, by `partitions`."""
+    new = iter(partitions)
+    devices = tuple(replace(d, partition=next(new)) if d.partition else d for d in claim.devices)
+    return replace(claim, devices=devices)
+
+
 def _log_failed(claim: ClaimRef | PreparedClaim, uid: str, error: str) -> None:
     log_event(
         logger,
@@ -936,45 +955,3 @@ def _log_failed(claim: ClaimRef | PreparedClaim, uid: str, error: str) -> None:
         uid=uid,
         error=error,
     )
-
-
-def _may_share(held: PreparedDevice, device: PreparedDevice) -> bool:
-    """Two claims may hold one device when either has admin access, or each has its own share."""
-    if held.admin_access or device.admin_access:
-        return True
-    return bool(held.share_id and device.share_id and held.share_id != device.share_id)
-
-
-def _check_neighbours(
-    ref: ClaimRef,
-    device: PreparedDevice,
-    settings: DeviceSettings,
-    others: Mapping[str, PreparedClaim],
-) -> None:
-    """`device` against the claims already prepared: it is prepared for another claim only
-    when both may share it, and a GPU has one time slice, so a claim may not ask another one
-    than a claim prepared on the same GPU runs. Raises PrepareError naming both claims."""
-    for uid, claim in others.items():
-        if uid == ref.uid:
-            continue
-        holder = f"ResourceClaim {claim.namespace}/{claim.name}"
-        for held in claim.devices:
-            if held.device != device.device:
-                continue
-            if not _may_share(held, device):
-                raise PrepareError(
-                    f"ResourceClaim {ref}: {device.device} is already prepared for {holder}; "
-                    "claims share a device only with admin access or each with its own share ID",
-                    OVERLAP,
-                )
-            if not (held.admin_access or device.admin_access) and (
-                mixed := mixing_problem(held.sharing, device.sharing, settings.origin)
-            ):
-                raise PrepareError(f"ResourceClaim {ref}: {mixed} ({holder})", MIXED_SHARING)
-            if device.interval and held.interval not in ("", device.interval):
-                raise PrepareError(
-                    f"ResourceClaim {ref}: {settings.origin} asks time slice "
-                    f"{device.interval} for {device.device}, which runs {held.interval} for "
-                    f"{holder}",
-                    TIME_SLICE,
-                )
