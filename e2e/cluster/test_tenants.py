@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
 
 import pytest
 
 from e2e.cluster.kube import (
+    RUN,
     Obj,
     apply,
     exec_in,
@@ -65,6 +67,8 @@ INDEX_0 = (
     "'uuid': uuid.decode() if isinstance(uuid, bytes) else uuid, "
     "'total': pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).total}))"
 )
+# How long the other tenant's ordinary pod took, from creation to Ready (recorded, not asserted).
+MEASURED = RUN / "tenants.json"
 SHM_FILE = "tenant-a-secret"  # written in /dev/shm by a tenant-a container
 
 
@@ -93,6 +97,14 @@ def shm_of(name: str, namespace: str) -> list[str]:
     listing = "import json, os; print(json.dumps(os.listdir('/dev/shm')))"
     names: list[str] = json.loads(exec_in(name, "python", "-c", listing, namespace=namespace))
     return names
+
+
+def seconds_to_ready(name: str, namespace: str) -> float:
+    """From the pod's creation to its Ready condition, as the API server stamped them."""
+    found = pod(name, namespace)
+    (ready,) = (c for c in found["status"]["conditions"] if c["type"] == "Ready")
+    created = datetime.fromisoformat(found["metadata"]["creationTimestamp"])
+    return (datetime.fromisoformat(ready["lastTransitionTime"]) - created).total_seconds()
 
 
 def clear(namespace: str) -> None:
@@ -149,6 +161,8 @@ def test_a_hostile_mps_quantity_fails_its_own_pod_and_another_tenants_claim_runs
     # claim on the same GPU is prepared all the same
     ordinary = start(tenant_pod("ordinary", "share-20gi", TENANT_B))
     assert result_of(ordinary, TENANT_B)["device"] == pinned_device()["name"]
+    measured = {"ordinarySecondsToReady": seconds_to_ready(ordinary, TENANT_B)}
+    MEASURED.write_text(json.dumps(measured) + "\n")
     for kind in HOSTILE:
         assert not pod_running(f"hostile-{kind}", TENANT_A)
         assert pod(f"hostile-{kind}", TENANT_A)["status"]["phase"] == "Pending"
