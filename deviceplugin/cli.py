@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from deviceplugin import __version__
 from deviceplugin.model.config import ENV_OVERRIDES
 from deviceplugin.model.configselect import CONFIG_LABEL
+from deviceplugin.model.hostpaths import socket_path_problem
 from deviceplugin.model.kubenames import DRIVER_NAME_MAX, dns_subdomain_problem
 from deviceplugin.model.memoryshares import (
     GPU_SHARING,
@@ -111,6 +113,12 @@ _DRA_FLAGS: dict[str, tuple[str, str, str]] = {
         MIG_MODE_ENV,
         f"{' or '.join(MIG_MODES)}: with dynamic, each MIG-capable GPU is published whole and as"
         " every MIG profile x placement, packed by shared counters (default static)",
+    ),
+    "mps-shared-namespaces": (
+        "mps_shared_namespaces",
+        "DP_DRA_MPS_SHARED_NAMESPACES",
+        "groups of namespaces whose claims may share a device's MPS daemon, as 'a,b;c,d'"
+        " (default: none, each namespace's claims get a device's daemon alone)",
     ),
 }
 # `serve` only: per-node configuration by node label and GPU node labels, the two features for
@@ -354,6 +362,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> CommandOptions
         except ValueError as err:
             parser.error(f"--mig-mode / {MIG_MODE_ENV} {err}")
     options = _options(command, values, runtime, env, log_format, taint, gpu_labels, (sharing, mig))
+    if isinstance(options, DraServeOptions):
+        options = _with_mps_tenancy(parser, options, runtime["mps_shared_namespaces"])
     problem = _path_problem(options)
     if problem is not None:
         parser.error(problem)
@@ -452,18 +462,33 @@ def _options(
     )
 
 
+def _with_mps_tenancy(
+    parser: argparse.ArgumentParser, options: DraServeOptions, value: str | None
+) -> DraServeOptions:
+    """`options` with the groups of `--mps-shared-namespaces`; exits 2 saying what is wrong."""
+    from deviceplugin.dra.mpstenants import (
+        SHARED_NAMESPACES_ENV,
+        SHARED_NAMESPACES_FLAG,
+        shared_namespaces,
+    )
+
+    try:
+        groups = shared_namespaces(value)
+    except ValueError as err:
+        parser.error(f"{SHARED_NAMESPACES_FLAG} / {SHARED_NAMESPACES_ENV}: {err}")
+    return replace(options, mps_shared_namespaces=groups)
+
+
 def _path_problem(settings: CommandOptions) -> str | None:
     """Why a flag that names a path cannot work, naming the flag; None when they all can. The
     driver name becomes part of paths, so it must be what Kubernetes allows."""
     if not isinstance(settings, DaemonOptions):
         return None
-    from deviceplugin.node.unixgrpc import socket_path_problem
-
     cdi = settings.cdi_spec_dir
     if cdi.exists() and not cdi.is_dir():
         return f"--cdi-spec-dir / DP_CDI_SPEC_DIR: {cdi} is not a directory"
     if isinstance(settings, ServeOptions):
-        problem = socket_path_problem(settings.kubelet_dir / "kubelet.sock")
+        problem = socket_path_problem(str(settings.kubelet_dir / "kubelet.sock"))
         return f"--kubelet-dir / DP_KUBELET_DIR: {problem}" if problem else None
     assert isinstance(settings, DraServeOptions)
     problem = dns_subdomain_problem(settings.driver_name, DRIVER_NAME_MAX)
@@ -473,7 +498,7 @@ def _path_problem(settings: CommandOptions) -> str | None:
 
     root, driver = settings.kubelet_root, settings.driver_name
     for socket in (registration_socket(root, driver), dra_socket(root, driver)):
-        problem = socket_path_problem(socket)
+        problem = socket_path_problem(str(socket))
         if problem is not None:
             return f"--kubelet-root / DP_KUBELET_ROOT: {problem}"
     return None

@@ -232,6 +232,7 @@ async def running_driver(
     library: bool = False,
     gpu_sharing: GpuSharing = "off",
     mig_mode: MigMode = "static",
+    mps_shared_namespaces: tuple[tuple[str, ...], ...] = (),
 ) -> AsyncIterator[Node]:
     """The driver started and (with `watcher`) registered, its first slices published. With
     `library`, no `--simulate`: the production path on the simulated libnvidia-ml.so.1."""
@@ -258,6 +259,7 @@ async def running_driver(
         node_name=NODE,
         gpu_sharing=gpu_sharing,
         mig_mode=mig_mode,
+        mps_shared_namespaces=mps_shared_namespaces,
     )
     emulator = PluginWatcher(settings.kubelet_root)
     driver = DraDriver(settings, simulator=simulator_for(settings.simulate))

@@ -867,6 +867,42 @@ def test_a_relative_mps_root_from_the_environment_names_the_field() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("root", "words"),
+    [
+        pytest.param("/dev", "not / or under /dev, /proc, /sys", id="dev"),
+        pytest.param("/var/../dev", "a clean absolute path", id="dot-dot"),
+    ],
+)
+def test_an_mps_root_from_the_environment_outside_a_directory_of_its_own_names_both(
+    root: str, words: str
+) -> None:
+    """`/dev` as mpsRoot would hand every MPS container the host's /dev/shm: refused from the
+    chart's MPS_ROOT as from the file, naming the variable and the field."""
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, {}, {"MPS_ROOT": root})
+    assert caught.value.path == "MPS_ROOT"
+    assert words in caught.value.message
+    assert caught.value.message.endswith(f"got '{root}' (overrides flags.mpsRoot)")
+
+
+def test_an_mps_root_too_long_for_a_resource_s_control_socket_names_the_resource() -> None:
+    renamed = f"example.com/{'g' * 51}"  # 63 bytes, the longest resource name
+    root = "/var/lib/" + "d" * 22  # 31 bytes: the socket <root>/<renamed>/pipe/control is 108
+    text = (
+        f"flags: {{mpsRoot: {root}}}\n"
+        f"sharing: {{mps: {{resources: [{{name: gpu, rename: {renamed}, replicas: 2}}]}}}}"
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert caught.value.path == "flags.mpsRoot"
+    assert caught.value.message == (
+        f"too long for the MPS control socket of sharing.mps.resources[0] ({renamed}):"
+        f" {root}/{renamed}/pipe/control is 108 bytes long; a unix socket path holds at most 107"
+    )
+    assert parse_config(text.replace(root, root[:-1])).config  # 107 bytes fit
+
+
 def test_a_file_without_mps_root_takes_it_from_the_environment() -> None:
     """NVIDIA's MPS example names no mpsRoot: the chart's MPS_ROOT completes it; unset, the file
     is refused as before."""

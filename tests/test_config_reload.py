@@ -278,6 +278,34 @@ def test_what_the_reference_or_a_collision_refuses_is_refused_on_reload(
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        pytest.param(
+            SEED.replace("  migStrategy: mixed\n", "  migStrategy: mixed\n  mpsRoot: /dev\n"),
+            "not / or under /dev, /proc, /sys",
+            id="dev",
+        ),
+        pytest.param(
+            "version: v1\n"
+            f"flags: {{mpsRoot: /run/{'m' * 80}}}\n"
+            "sharing: {mps: {resources: [{name: gpu, replicas: 2}]}}\n",
+            "too long for the MPS control socket of sharing.mps.resources[0]",
+            id="socket-too-long",
+        ),
+    ],
+)
+def test_a_bad_mps_root_is_refused_on_reload(text: str, fragment: str) -> None:
+    async def scenario() -> None:
+        async with running_plugin() as plugin:
+            await plugin.advertised()
+            plugin.config.write_text(text)
+            config = await rejected(plugin, fragment)
+            assert config["last_error_field"] == "flags.mpsRoot"
+
+    asyncio.run(scenario())
+
+
 def test_sigterm_and_healthz_are_answered_with_a_fifo_as_config(tmp_path: Path) -> None:
     """`deviceplugin serve` as a process, as in the report: the FIFO costs it nothing."""
 

@@ -133,6 +133,7 @@ def test_slice_writes_are_kept_to_the_drivers_own_node_by_an_admission_policy() 
     settings = parse_options(container["command"][1:], env)
     assert isinstance(settings, DraServeOptions)
     assert settings.driver_name == DEFAULT_DRA_DRIVER
+    assert settings.mps_shared_namespaces == ()  # no namespaces share an MPS daemon
 
 
 def test_the_policy_lets_through_the_pool_the_driver_publishes() -> None:

@@ -54,10 +54,11 @@ def claim_of(
     share: str = "",
     memory: str = "",
     more: tuple[str, ...] = (),
+    namespace: str = "default",
 ) -> dict[str, Any]:
-    """A claim allocated `device` (and `more`), with `parameters` as its opaque config; a share
-    of the device with `share` (and `memory`)."""
-    body = claim(name, [("gpu", device), *(("gpu", d) for d in more)])
+    """A claim of `namespace` allocated `device` (and `more`), with `parameters` as its opaque
+    config; a share of the device with `share` (and `memory`)."""
+    body = claim(name, [("gpu", device), *(("gpu", d) for d in more)], namespace=namespace)
     allocated = body["status"]["allocation"]["devices"]
     if share:
         allocated["results"][0]["shareID"] = share
@@ -74,11 +75,15 @@ def driver_root(node: Node) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def mps_driver(gpu_sharing: GpuSharing = "off") -> AsyncIterator[Node]:
+async def mps_driver(
+    gpu_sharing: GpuSharing = "off", shared_namespaces: tuple[tuple[str, ...], ...] = ()
+) -> AsyncIterator[Node]:
     """The driver on the simulated library, with the simulated control program installed where
     `sim-root` puts it; the daemons a failed test left are killed (they outlive the driver by
     design) and their shm tmpfs unmounted (as root the driver mounts one)."""
-    async with running_driver(gpu_sharing=gpu_sharing, library=True) as node:
+    async with running_driver(
+        gpu_sharing=gpu_sharing, library=True, mps_shared_namespaces=shared_namespaces
+    ) as node:
         install_mps_control(driver_root(node), mps_control_path())
         homes = node.kubelet_root / "plugins" / DRIVER / "mps"
         try:

@@ -21,7 +21,7 @@ import pytest
 
 from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.dra.prepare import spec_file_name
-from deviceplugin.node.unixgrpc import MAX_SOCKET_PATH
+from deviceplugin.model.hostpaths import MAX_SOCKET_PATH
 from deviceplugin.sim.kubelet import KubeletEmulator
 from tests.draplugin import DRIVER, claim, run, running_driver, short_dir
 from tests.harness import MIG, running_plugin

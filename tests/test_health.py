@@ -105,6 +105,14 @@ def test_parse_duration_rejects(text: str) -> None:
     assert caught.value.path == "DP_HEALTH_RECOVERY_AFTER"
 
 
+@pytest.mark.parametrize("text", ["9" * 400, "9" * 400 + "h", "9223372037", "2562048h"])
+def test_parse_duration_refuses_more_than_go_holds_rather_than_an_infinite_wait(text: str) -> None:
+    with pytest.raises(ConfigError, match="longer than Go's longest duration") as caught:
+        parse_duration(text)
+    assert caught.value.path == "DP_HEALTH_RECOVERY_AFTER"
+    assert parse_duration("2562047h") == 2562047 * 3600.0  # Go's longest, in whole hours
+
+
 # --- policy -------------------------------------------------------------------------------------
 
 

@@ -463,3 +463,12 @@ def test_the_mig_mode_reaches_the_driver() -> None:
         docs = render("--set", "dra.enabled=true", *given)
         (driver,) = [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("dra")]
         assert container_env(driver)["DP_DRA_MIG_MODE"] == expected
+
+
+@needs_helm
+def test_the_mps_shared_namespaces_reach_the_driver_only_when_given() -> None:
+    given = ("--set-string", "dra.mpsSharedNamespaces=a\\,b;c\\,d")
+    for flags, expected in ((), None), (given, "a,b;c,d"):
+        docs = render("--set", "dra.enabled=true", *flags)
+        (driver,) = [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("dra")]
+        assert container_env(driver).get("DP_DRA_MPS_SHARED_NAMESPACES") == expected

@@ -20,7 +20,7 @@ import pytest
 from harness import GPU, run, running_plugin
 from test_sim_library import sim_root
 
-from deviceplugin.model.allocation import mps_paths
+from deviceplugin.model.hostpaths import mps_paths
 from deviceplugin.model.mps import DaemonSpec
 from deviceplugin.node.mpsdaemon import COMPUTE_MODE_DEFAULT, MpsControl, MpsDaemons, read_owner
 from deviceplugin.sim.hostroot import MPS_CONTROL

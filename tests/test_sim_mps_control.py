@@ -178,3 +178,46 @@ def test_bad_usage(control: Control) -> None:
     done = control.run("--start")
     assert done.returncode == 1
     assert "Usage: nvidia-cuda-mps-control [-d | -f]" in done.stderr
+
+
+def host_file(base: Path) -> Path:
+    """A file of the host's, outside the pipe directory, that no daemon may touch."""
+    target = base / "host-file"
+    target.write_text("the host's\n")
+    target.chmod(0o600)
+    return target
+
+
+def test_links_planted_in_the_pipe_directory_are_replaced_not_followed(control: Control) -> None:
+    # Clients share the pipe directory and the daemon runs as root: a link planted where it
+    # writes its pid and limits must not let it write the host's files.
+    target = host_file(control.pipe.parent)
+    control.pipe.mkdir()
+    pid = control.pipe / "nvidia-cuda-mps-control.pid"
+    for name in (pid.name, LIMITS):
+        (control.pipe / name).symlink_to(target)
+    control.start()
+    assert control.run(stdin="set_default_active_thread_percentage 40").returncode == 0
+    assert not pid.is_symlink() and int(pid.read_text()) == control.limits()["pid"]
+    assert control.limits()["activeThreadPercentage"] == 40.0
+    assert (target.read_text(), target.stat().st_mode & 0o777) == ("the host's\n", 0o600)
+    assert (control.pipe / "control").stat().st_mode & 0o777 == 0o666  # any client connects
+    assert control.run(stdin="quit").returncode == 0
+    assert target.read_text() == "the host's\n"
+
+
+@pytest.mark.parametrize(
+    ("directory", "name"),
+    [pytest.param("pipe", "control_lock", id="lock"), pytest.param("log", "control.log", id="log")],
+)
+def test_a_link_where_the_daemon_opens_its_lock_or_log_stops_it_and_creates_nothing(
+    control: Control, directory: str, name: str
+) -> None:
+    missing = control.pipe.parent / "not-there"  # through the link, O_CREAT would make it
+    for made in (control.pipe, control.log):
+        made.mkdir()
+    (control.pipe.parent / directory / name).symlink_to(missing)
+    done = control.run("-d")
+    assert done.returncode == 1
+    assert f"cannot open {control.pipe.parent / directory / name}" in done.stderr
+    assert not missing.exists()

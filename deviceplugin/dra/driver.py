@@ -57,6 +57,7 @@ from deviceplugin.dra.memorylimits import (
 )
 from deviceplugin.dra.migcut import ForeignInstance, MigCutter, blocked
 from deviceplugin.dra.mpsdevices import HOMES_DIR, MpsDevices
+from deviceplugin.dra.mpstenants import MpsTenancy
 from deviceplugin.dra.plugin import DraServer
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
@@ -185,7 +186,11 @@ class DraDriver:
             failpoints,
             self._clear_limits,
             self.cutter,
-            MpsDevices(self.dra_socket.parent / HOMES_DIR, self._set_compute_mode),
+            MpsDevices(
+                self.dra_socket.parent / HOMES_DIR,
+                self._set_compute_mode,
+                MpsTenancy(settings.mps_shared_namespaces),
+            ),
         )
         await self.preparer.load()
         await self._scan_foreign()

@@ -38,6 +38,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from deviceplugin.dra.opaquebounds import (
+    MAX_ENTRIES,
+    check_count,
+    check_parameters,
+    check_requests,
+)
 from deviceplugin.dra.opaquetypes import MpsSettings, OpaqueConfigError
 from deviceplugin.model.record import record
 
@@ -83,17 +89,21 @@ class ConfigEntry:
 
 def read_entries(devices: Mapping[str, Any], driver: str) -> list[ConfigEntry]:
     """This driver's entries of `allocation.devices`, validated, in the order they apply (class
-    entries, then claim entries). Raises OpaqueConfigError."""
+    entries, then claim entries), within `opaquebounds`' limits. Raises OpaqueConfigError."""
+    config = devices.get("config") or []
+    if not isinstance(config, list):
+        raise OpaqueConfigError(CONFIG_PATH, "must be a list of config entries")
+    check_count(config, MAX_ENTRIES, CONFIG_PATH, "entries")
     found: list[tuple[int, int, ConfigEntry]] = []
-    for index, entry in enumerate(devices.get("config") or []):
+    for index, entry in enumerate(config):
         opaque = entry.get("opaque") if isinstance(entry, Mapping) else None
         if not isinstance(opaque, Mapping) or opaque.get("driver") != driver:
             continue
         path = f"{CONFIG_PATH}[{index}]"
         source = entry.get("source")
         rank = SOURCES.index(source) if source in SOURCES else len(SOURCES)
+        requests = check_requests(entry.get("requests"), f"{path}.requests")
         kind, settings = _parse(opaque.get("parameters"), f"{path}.opaque.parameters")
-        requests = tuple(str(r) for r in entry.get("requests") or ())
         found.append((rank, index, ConfigEntry(path, requests, kind, settings)))
     return [entry for _, _, entry in sorted(found, key=lambda item: item[:2])]
 
@@ -117,6 +127,7 @@ def settings_for(
 
 
 def _parse(parameters: object, path: str) -> tuple[str, DeviceSettings]:
+    check_parameters(parameters, path)
     if not isinstance(parameters, Mapping):
         raise OpaqueConfigError(
             path, f"must be a mapping with apiVersion and kind, got {parameters!r}"

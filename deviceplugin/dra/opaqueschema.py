@@ -17,6 +17,7 @@ from pydantic import (
     field_validator,
 )
 
+from deviceplugin.dra.opaquebounds import MAX_DEVICES
 from deviceplugin.dra.opaquetypes import (
     MPS,
     STRATEGIES,
@@ -40,11 +41,12 @@ class _TimeSlicingConfig(_Model):
 
 def _megabytes(value: str | int | float) -> int:
     """A Kubernetes quantity (a string, or a JSON number as `resource.Quantity` reads one) in
-    bytes; at least one MiB, as NVIDIA's driver requires (it hands limits on in whole MiB)."""
+    bytes, within Kubernetes' bound (`parse_quantity`; `opaquebounds` refused a longer integer);
+    at least one MiB, as NVIDIA's driver requires (it hands limits on in whole MiB)."""
     try:
         size = parse_quantity(str(value))
     except ValueError as err:
-        raise ValueError(f"must be a quantity such as 10Gi, got {value!r}") from err
+        raise ValueError(str(err)) from None
     if size < MIB:
         raise ValueError(f"must be at least 1Mi (limits are given in whole MiB), got {value!r}")
     return size
@@ -83,6 +85,10 @@ class _MpsConfig(_Model):
     def _limits(
         cls, value: dict[str, str | int | float] | None
     ) -> dict[str, str | int | float] | None:
+        if value is not None and len(value) > MAX_DEVICES:
+            raise ValueError(
+                f"has {len(value)} entries, more than the {MAX_DEVICES} devices a claim can hold"
+            )
         for device, limit in (value or {}).items():
             try:
                 _megabytes(limit)

@@ -75,6 +75,7 @@ from deviceplugin.dra.mpsclient import MIB, client_edits, mixing_problem, second
 from deviceplugin.dra.mpsdevices import MpsDevices, recorded
 from deviceplugin.dra.nodelock import LockTimeout, NodeLock
 from deviceplugin.dra.opaque import (
+    CONFIG_PATH,
     EXCLUSIVE,
     ConfigEntry,
     DeviceSettings,
@@ -108,6 +109,7 @@ from deviceplugin.runtime.kubeclient import KubeError
 logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
+CONFIG_SECONDS = 5.0  # to read a claim's opaque config; `opaquebounds` keeps it far within
 CDI_CLASS = "claim"
 RESULTS_PATH = "status.allocation.devices.results"
 LOCK_FILE_NAME = "checkpoint.lock"
@@ -129,6 +131,7 @@ LOCKED = "locked"  # another driver process holds the node's lock
 NO_CUTTER = "no-mig-cutter"  # a dynamic MIG partition, on a driver that cannot cut one
 MPS_DAEMON = "mps-daemon"  # the device's MPS control daemon cannot be started
 MIXED_SHARING = "mixed-sharing"  # MPS and not on one device
+MPS_TENANT = "mps-tenant"  # the device's MPS daemon serves a namespace this one may not join
 
 
 class ClaimReader(Protocol):
@@ -177,6 +180,9 @@ class PrepareError(DevicePluginError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+Read = tuple[JsonObject, list[ConfigEntry] | PrepareError]  # a claim, and its config entries
 
 
 @record(frozen=True)
@@ -369,8 +375,8 @@ class Preparer:
         return self.cdi_dir / spec_file_name(self.driver, uid)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
-        """One outcome per claim UID. Claims not yet prepared are read from the API server
-        concurrently, before the lock is taken."""
+        """One outcome per claim UID. Claims not yet prepared are read from the API server, and
+        their opaque config parsed (`_configured`), concurrently, before the lock is taken."""
         outcomes = {
             uid: Outcome(error=why, reason=INVALID_REFERENCE)
             for uid, why in _refused(claims).items()
@@ -566,20 +572,39 @@ class Preparer:
             return None
         return known
 
-    async def _read(self, ref: ClaimRef) -> JsonObject | PrepareError:
+    async def _read(self, ref: ClaimRef) -> Read | PrepareError:
         try:
-            return await self._reader.read_claim(ref.namespace, ref.name)
+            claim = await self._reader.read_claim(ref.namespace, ref.name)
         except KubeError as err:
             if err.status == 404:
                 return PrepareError(f"ResourceClaim {ref} not found", NOT_FOUND)
             return PrepareError(f"reading ResourceClaim {ref}: {err}", API_ERROR)
+        return claim, await self._configured(ref, claim)
+
+    async def _configured(
+        self, ref: ClaimRef, claim: JsonObject
+    ) -> list[ConfigEntry] | PrepareError:
+        """The claim's config entries of this driver, read in a worker thread within
+        CONFIG_SECONDS: a claim written to be expensive holds up neither the event loop nor
+        the other claims (a thread past its deadline is left to end; its answer is dropped)."""
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        allocated = allocation.get("devices") or {}
+        read = asyncio.to_thread(read_entries, allocated, self.driver)
+        try:
+            return await asyncio.wait_for(read, CONFIG_SECONDS)
+        except OpaqueConfigError as err:
+            return PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG)
+        except TimeoutError:
+            why = f"{CONFIG_PATH}: not read within {CONFIG_SECONDS:g} s"
+            return PrepareError(f"ResourceClaim {ref}: {why}", INVALID_CONFIG)
 
     def _plan(
-        self, ref: ClaimRef, claim: JsonObject, others: Mapping[str, PreparedClaim]
+        self, ref: ClaimRef, read: Read, others: Mapping[str, PreparedClaim]
     ) -> tuple[PreparedClaim, JsonObject | None]:
         """The claim as it will be prepared (`PrepareStarted`) and its CDI devices' edits by
-        name (None when it has no device of ours); nothing is written. `others` are the claims
-        prepared so far. Raises PrepareError."""
+        name (None when it has no device of ours); nothing is written. `read` is the claim and
+        its config entries (`_read`), `others` the claims prepared so far. Raises PrepareError."""
+        claim, entries = read
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
             raise PrepareError(
@@ -590,10 +615,8 @@ class Preparer:
         if not allocation:
             raise PrepareError(f"ResourceClaim {ref} is not allocated", NOT_ALLOCATED)
         allocated = allocation.get("devices") or {}
-        try:
-            entries = read_entries(allocated, self.driver)
-        except OpaqueConfigError as err:
-            raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
+        if isinstance(entries, PrepareError):
+            raise entries
         devices: list[PreparedDevice] = []
         edits: dict[str, JsonObject] = {}
         for index, result in enumerate(allocated.get("results") or []):
@@ -663,7 +686,7 @@ class Preparer:
         env = device_env(name, settings, admin, share)
         daemon = None
         if settings.mps is not None:
-            daemon, client = self._mps_client(ref, name, found, settings, limit)
+            daemon, client = self._mps_client(ref, name, found, settings, limit, others)
             env.extend(client["env"])
             edits["mounts"] = [*edits.get("mounts", []), *client["mounts"]]
         if limit is not None:
@@ -698,13 +721,17 @@ class Preparer:
         found: tuple[Gpu, MigDevice | None],
         settings: DeviceSettings,
         share: int | None,
+        others: Mapping[str, PreparedClaim],
     ) -> tuple[MpsDaemon, JsonObject]:
         """The daemon `name` is prepared with (started at commit) and the edits that reach it
-        with the claim's limits, at most its memory share or the device's memory."""
+        with the claim's limits, at most its memory share or the device's memory. Refused when
+        the daemon serves `others` of a namespace the claim's may not share one with."""
         assert settings.mps is not None
         field = f"{settings.origin}.opaque.parameters.sharing.strategy"
         if self._mps is None:
             raise PrepareError(f"ResourceClaim {ref}: {field}: this driver runs no MPS", MPS_DAEMON)
+        if (refused := self._mps.refusal(name, ref.namespace, others)) is not None:
+            raise PrepareError(f"ResourceClaim {ref}: {refused}", MPS_TENANT)
         root = self._devices.options.driver_root
         try:
             control_program(root)

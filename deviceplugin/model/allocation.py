@@ -26,6 +26,7 @@ from deviceplugin.model.hostpaths import (
     compute_instance_key,
     gpu_instance_key,
     host_path,
+    mps_paths,
 )
 from deviceplugin.model.record import record
 from deviceplugin.model.resources import ResourceSet
@@ -188,16 +189,6 @@ def validate_request(resource: ResourceSet, device_ids: Sequence[str]) -> tuple[
     if unhealthy:
         raise AllocationError(f"unhealthy devices for {resource.name}: {_listed(unhealthy)}")
     return devices
-
-
-def mps_paths(mps_root: str, resource: str) -> tuple[str, str, str]:
-    """An MPS resource's pipe, log and shm directories under `mps_root` (the reference's
-    layout: `<root>/<resource>/pipe`, `<root>/<resource>/log`, one `<root>/shm` for all)."""
-    return (
-        f"{mps_root.rstrip('/')}/{resource}/pipe",
-        f"{mps_root.rstrip('/')}/{resource}/log",
-        f"{mps_root.rstrip('/')}/shm",
-    )
 
 
 def _mps_client(resource: str, mps_root: str) -> tuple[dict[str, str], tuple[Mount, ...]]:

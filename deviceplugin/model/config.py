@@ -13,6 +13,7 @@ of a second and 8 MiB a schema library took to build its validators.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar, get_args
@@ -30,6 +31,7 @@ from deviceplugin.model.config_keys import (
     scan_keys,
 )
 from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.hostpaths import MPS_CONTROL_SOCKET, mps_paths, socket_path_problem
 from deviceplugin.model.record import record
 from deviceplugin.model.strict import (
     BAD,
@@ -142,9 +144,29 @@ class PluginFlags:
     )
 
 
-def _absolute_or_unset(value: str) -> str | None:
-    """`flags.mpsRoot`: the reference's unset value is the empty string."""
-    return _absolute(value) if value else None
+SYSTEM_DIRS = ("/dev", "/proc", "/sys")  # never an mpsRoot, nor under one
+
+
+def _mps_root_or_unset(value: str) -> str | None:
+    """`flags.mpsRoot`: the reference's unset value is the empty string. The daemons run as
+    root and write there, and `<mpsRoot>/shm` becomes every MPS container's /dev/shm, so it
+    must be a clean path of its own: `/dev` would hand every container the host's /dev/shm, and
+    a `..` can lead anywhere."""
+    if not value:
+        return None
+    _absolute(value)
+    clean = posixpath.normpath(value)
+    if clean != value or value.startswith("//"):
+        raise ValueError(
+            f"must be a clean absolute path (no '.' or '..' component, no doubled or trailing"
+            f" '/'), got {quote(value)}"
+        )
+    if value == "/" or any(value == s or value.startswith(s + "/") for s in SYSTEM_DIRS):
+        raise ValueError(
+            f"must be a directory for the MPS daemons, not / or under {', '.join(SYSTEM_DIRS)}"
+            f" (<mpsRoot>/shm is every MPS container's /dev/shm), got {quote(value)}"
+        )
+    return value
 
 
 def _absolute(value: str) -> str:
@@ -165,7 +187,7 @@ class Flags:
     # None: the same as nvidia_driver_root (see dev_root)
     nvidia_dev_root: str | None = field("nvidiaDevRoot", nullable(checked(string, _absolute)), None)
     # Where the MPS control daemons keep their pipe, log and shm directories (sharing.mps).
-    mps_root: str | None = field("mpsRoot", nullable(checked(string, _absolute_or_unset)), None)
+    mps_root: str | None = field("mpsRoot", nullable(checked(string, _mps_root_or_unset)), None)
     # Ask the NVIDIA runtime to add GDRCopy, GPUDirect Storage and MOFED support to every
     # container (NVIDIA_GDRCOPY/NVIDIA_GDS/NVIDIA_MOFED=enabled): on by default, as in the
     # reference plugin v0.19.0.
@@ -471,6 +493,7 @@ def _build(
     labels = {given.path: given.label for given in overrides}
     config = _validate(Config, scan.known, "", labels)
     _check_unused(scan.unused, config)
+    _check_mps_sockets(config)
     if complete:
         _check_complete(config)
     warnings: list[str] = []
@@ -499,6 +522,23 @@ def _check_unused(unused: Mapping[str, object], config: Config) -> None:
         )
     if config.sharing.mps is not None and config.flags.mig_strategy == "mixed":
         raise ConfigError("sharing.mps", "MPS sharing cannot be used with migStrategy mixed")
+
+
+def _check_mps_sockets(config: Config) -> None:
+    """Each MPS daemon's control socket, `<mpsRoot>/<resource>/pipe/control`, fits a unix socket
+    path: a daemon whose socket does not could never start."""
+    mps, root = config.sharing.mps, config.flags.mps_root
+    if mps is None or root is None:
+        return
+    for position, entry in enumerate(mps.resources):
+        name = mps.advertised_name(entry)
+        socket = posixpath.join(mps_paths(root, name)[0], MPS_CONTROL_SOCKET)
+        if (problem := socket_path_problem(socket)) is not None:
+            raise ConfigError(
+                "flags.mpsRoot",
+                f"too long for the MPS control socket of sharing.mps.resources[{position}]"
+                f" ({name}): {problem}",
+            )
 
 
 def _check_complete(config: Config) -> None:

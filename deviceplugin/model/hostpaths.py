@@ -17,11 +17,32 @@ SIM_ROOT = "deviceplugin-sim-root"
 # every process loading it shares (events, MIG layout, memory limits), three levels above it.
 SIM_NODE_FILE = "deviceplugin-sim-node.json"
 SIM_STATE_DIR = "/etc/deviceplugin-sim"
+MAX_SOCKET_PATH = 107  # bytes: sockaddr_un.sun_path holds 108, with the terminating NUL
+MPS_CONTROL_SOCKET = "control"  # in an MPS daemon's pipe directory, as NVIDIA's names it
 
 
 def host_path(root: str, path: str) -> str:
     """`path` (absolute, as a container sees it) under `root` on the host, normalised."""
     return posixpath.normpath(posixpath.join(root, path.lstrip("/")))
+
+
+def mps_paths(mps_root: str, resource: str) -> tuple[str, str, str]:
+    """An MPS resource's pipe, log and shm directories under `mps_root` (the reference's
+    layout: `<root>/<resource>/pipe`, `<root>/<resource>/log`, one `<root>/shm` for all)."""
+    return (
+        f"{mps_root.rstrip('/')}/{resource}/pipe",
+        f"{mps_root.rstrip('/')}/{resource}/log",
+        f"{mps_root.rstrip('/')}/shm",
+    )
+
+
+def socket_path_problem(socket: str) -> str | None:
+    """Why `socket` cannot be a unix socket path, or None (its length in bytes as the kernel
+    counts them: the file system's UTF-8, undecodable bytes kept)."""
+    size = len(str(socket).encode("utf-8", "surrogateescape"))
+    if size > MAX_SOCKET_PATH:
+        return f"{socket} is {size} bytes long; a unix socket path holds at most {MAX_SOCKET_PATH}"
+    return None
 
 
 def parse_mig_minors(text: str) -> dict[str, int]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from deviceplugin.model.allocation import mps_paths
 from deviceplugin.model.devices import Health, Inventory
+from deviceplugin.model.hostpaths import mps_paths
 from deviceplugin.model.record import record
 from deviceplugin.model.resources import ResourceSet
 

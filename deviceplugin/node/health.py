@@ -46,9 +46,10 @@ GPU_LOST = "gpu-lost"
 MONITORING_LOST = "health-monitoring-lost"
 RECOVERED = "recovered"
 
-_SECONDS = r"\d+(?:\.\d+)?"
-_DURATION_PART = r"(\d+(?:\.\d+)?)(ms|h|m|s)"
-_DURATION = r"(?:\d+(?:\.\d+)?(?:ms|h|m|s))+"
+_SECONDS = r"[0-9]+(?:\.[0-9]+)?"
+_DURATION_PART = r"([0-9]+(?:\.[0-9]+)?)(ms|h|m|s)"
+_DURATION = r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|h|m|s))+"
+MAX_DURATION = (2**63 - 1) / 1e9  # Go's longest time.Duration, about 292 years
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _ECC_NAMES = {EVENT_DOUBLE_BIT_ECC: "ecc-dbe", EVENT_SINGLE_BIT_ECC: "ecc-sbe"}
 
@@ -127,12 +128,21 @@ def parse_duration(text: str) -> float | None:
     if value in ("off", "never"):
         return None
     if re.fullmatch(_SECONDS, value):
-        return float(value)
-    if re.fullmatch(_DURATION, value):
-        return sum(float(n) * _UNIT_SECONDS[u] for n, u in re.findall(_DURATION_PART, value))
-    raise ConfigError(
-        "DP_HEALTH_RECOVERY_AFTER", f"{text!r} is not a duration (e.g. 300, 90s, 5m, 1h30m, off)"
-    )
+        seconds = float(value)
+    elif re.fullmatch(_DURATION, value):
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in re.findall(_DURATION_PART, value))
+    else:
+        raise ConfigError(
+            "DP_HEALTH_RECOVERY_AFTER",
+            f"{text!r} is not a duration (e.g. 300, 90s, 5m, 1h30m, off)",
+        )
+    if seconds > MAX_DURATION:  # also the digits that make a float infinite
+        raise ConfigError(
+            "DP_HEALTH_RECOVERY_AFTER",
+            f"{text[:40]!r} is longer than Go's longest duration (about 292 years); 'off' never"
+            " recovers",
+        )
+    return seconds
 
 
 @record(frozen=True)

@@ -18,7 +18,6 @@ refused before binding, with the path and its length (`SocketPathError`).
 from __future__ import annotations
 
 import contextlib
-import os
 import socket as pysocket
 import stat
 from collections.abc import Callable
@@ -27,10 +26,10 @@ from pathlib import Path
 import grpc
 
 from deviceplugin.model.errors import DevicePluginError
+from deviceplugin.model.hostpaths import socket_path_problem
 
 # Allocate requests can name thousands of IDs; the default 4 MiB would refuse the largest ones.
 SERVER_OPTIONS = (("grpc.max_receive_message_length", 16 * 1024 * 1024),)
-MAX_SOCKET_PATH = 107  # bytes: sockaddr_un.sun_path holds 108, with the terminating NUL
 
 SocketIdentity = tuple[int, int]  # (st_dev, st_ino)
 LISTEN_PROBE_SECONDS = 0.5
@@ -39,14 +38,6 @@ MAX_INSTANCES = 8  # of one server on one node at a time: an update's old and ne
 
 class SocketPathError(DevicePluginError):
     """A unix socket path is longer than the kernel allows."""
-
-
-def socket_path_problem(socket: Path) -> str | None:
-    """Why `socket` cannot be a unix socket path, or None."""
-    size = len(os.fsencode(socket))
-    if size > MAX_SOCKET_PATH:
-        return f"{socket} is {size} bytes long; a unix socket path holds at most {MAX_SOCKET_PATH}"
-    return None
 
 
 def socket_identity(path: Path) -> SocketIdentity | None:
@@ -92,7 +83,7 @@ async def listen_unix(
 ) -> grpc.aio.Server:
     """A started grpc.aio server on a unix socket; whatever is at the path is removed first.
     Raises SocketPathError for a path too long to bind."""
-    problem = socket_path_problem(socket)
+    problem = socket_path_problem(str(socket))
     if problem is not None:
         raise SocketPathError(problem)
     with contextlib.suppress(FileNotFoundError):

@@ -120,6 +120,8 @@ class DraServeOptions(DaemonOptions):
     unhealthy_taint: TaintEffect | None = DEFAULT_TAINT  # None: off
     gpu_sharing: GpuSharing = "off"  # "memory": whole GPUs published shareable by memory
     mig_mode: MigMode = "static"  # "dynamic": MIG-capable GPUs published as partitions
+    # groups of namespaces whose claims may share a device's MPS daemon (`dra/mpstenants.py`)
+    mps_shared_namespaces: tuple[tuple[str, ...], ...] = ()
 
     @property
     def reads_mig_profiles(self) -> bool:

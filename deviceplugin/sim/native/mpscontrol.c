@@ -15,7 +15,10 @@
  * to `deviceplugin-sim-mps.json` in the pipe directory after every change and removed at `quit`:
  * `{"pid": P, "activeThreadPercentage": 25.0, "pinnedDeviceMemoryLimitMiB": {"0": 20480}}`,
  * keyed by the device as the command named it (an index or a UUID). Like NVIDIA's, the daemon
- * keeps its pid in `nvidia-cuda-mps-control.pid` in the pipe directory while it runs.
+ * keeps its pid in `nvidia-cuda-mps-control.pid` in the pipe directory while it runs. Clients
+ * share the pipe directory and the daemon may run as root, so it follows no link there: the pid
+ * and limits files are written to a fresh file and renamed over the name, and the lock and log
+ * are opened O_NOFOLLOW.
  *
  * Commands: set_default_active_thread_percentage P (0 < P <= 100), get_default_active_thread_percentage,
  * set_default_device_pinned_mem_limit DEV LIMIT (DEV an index or a GPU-/MIG- UUID; LIMIT a
@@ -115,32 +118,48 @@ static int make_dirs(const char *path) {
 
 static void limits_path(char *out, size_t size) { snprintf(out, size, "%s/" LIMITS_FILE, pipe_dir); }
 
-static void record_limits(void) {
-    char path[PATH_MAX + 32], scratch[PATH_MAX + 48];
-    limits_path(path, sizeof path);
+/* A file of the pipe directory replaced whole by `text`. Clients share that directory and may
+ * plant links in it, and the daemon runs as root: the text goes to a fresh file of our own
+ * (O_EXCL, O_NOFOLLOW) that is then renamed over the name, which replaces a link rather than
+ * following it. 1 done, 0 not (errno says why). */
+static int replace_file(const char *path, const char *text) {
+    char scratch[PATH_MAX + 64];
     snprintf(scratch, sizeof scratch, "%s.%d", path, (int)getpid());
-    FILE *out = fopen(scratch, "w");
-    if (!out) {
-        say("cannot write %s: %s", scratch, strerror(errno));
-        return;
-    }
-    fprintf(out, "{\"pid\": %d, \"activeThreadPercentage\": %.1f, \"pinnedDeviceMemoryLimitMiB\": {", (int)getpid(),
-            thread_percentage);
-    for (unsigned i = 0; i < limit_count; i++)
-        fprintf(out, "%s\"%s\": %llu", i ? ", " : "", limits[i].device, limits[i].mib);
-    fputs("}}\n", out);
-    if (fclose(out) != 0 || rename(scratch, path) != 0) {
-        say("cannot write %s: %s", path, strerror(errno));
+    unlink(scratch); /* one a killed daemon of this pid left, or a link */
+    int fd = open(scratch, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return 0;
+    size_t length = strlen(text);
+    int done = write(fd, text, length) == (ssize_t)length;
+    done = close(fd) == 0 && done;
+    done = done && rename(scratch, path) == 0;
+    if (!done) {
+        int saved = errno;
         unlink(scratch);
+        errno = saved;
     }
+    return done;
+}
+
+static void record_limits(void) {
+    char path[PATH_MAX + 32], text[64 + MAX_DEVICES * 128];
+    size_t used;
+    limits_path(path, sizeof path);
+    used = (size_t)snprintf(text, sizeof text,
+                            "{\"pid\": %d, \"activeThreadPercentage\": %.1f, \"pinnedDeviceMemoryLimitMiB\": {",
+                            (int)getpid(), thread_percentage);
+    for (unsigned i = 0; i < limit_count && used < sizeof text; i++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s\"%s\": %llu", i ? ", " : "", limits[i].device,
+                                 limits[i].mib);
+    if (used < sizeof text) snprintf(text + used, sizeof text - used, "}}\n");
+    if (!replace_file(path, text)) say("cannot write %s: %s", path, strerror(errno));
 }
 
 /* The daemon's pid where NVIDIA's keeps it, for a supervisor that outlives its own restarts. */
 static void record_pid(void) {
-    char path[PATH_MAX + 32];
+    char path[PATH_MAX + 32], text[32];
     snprintf(path, sizeof path, "%s/" PID_FILE, pipe_dir);
-    FILE *out = fopen(path, "we");
-    if (!out || fprintf(out, "%d\n", (int)getpid()) < 0 || fclose(out) != 0) say("cannot write %s", path);
+    snprintf(text, sizeof text, "%d\n", (int)getpid());
+    if (!replace_file(path, text)) say("cannot write %s: %s", path, strerror(errno));
 }
 
 static int refuse(char *answer, size_t size, const char *format, ...) __attribute__((format(printf, 3, 4)));
@@ -289,24 +308,34 @@ static int open_daemon(char *why, size_t size) {
             snprintf(why, size, "cannot create %.1024s: %s", dir, strerror(errno));
             return -1;
         }
+    /* No file is opened through a link: clients may plant them in the pipe directory. */
     snprintf(log_path, sizeof log_path, "%s/control.log", log_dir);
-    if (!(log_file = fopen(log_path, "ae"))) {
+    int log_fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (log_fd < 0 || !(log_file = fdopen(log_fd, "a"))) {
         snprintf(why, size, "cannot open %.1024s: %s", log_path, strerror(errno));
         return -1;
     }
     snprintf(lock_path, sizeof lock_path, "%s/control_lock", pipe_dir);
-    lock_fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644); /* held while the daemon lives */
-    if (lock_fd < 0 || flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    lock_fd = open(lock_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644); /* held while the daemon lives */
+    if (lock_fd < 0) {
+        snprintf(why, size, "cannot open %.1024s: %s", lock_path, strerror(errno));
+        return -1;
+    }
+    if (flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
         snprintf(why, size, "An instance of this daemon is already running");
         return -1;
     }
     int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     unlink(address.sun_path);
-    if (listener < 0 || bind(listener, (struct sockaddr *)&address, sizeof address) != 0 || listen(listener, 16) != 0) {
+    /* Every client may connect: the socket is made 0666 by bind itself, under umask 0111, never
+     * chmod'ed by a path that a client could have swapped for a link in between. */
+    mode_t umask_before = umask(S_IXUSR | S_IXGRP | S_IXOTH);
+    int bound = listener >= 0 && bind(listener, (struct sockaddr *)&address, sizeof address) == 0;
+    umask(umask_before);
+    if (!bound || listen(listener, 16) != 0) {
         snprintf(why, size, "cannot serve %.200s: %s", address.sun_path, strerror(errno));
         return -1;
     }
-    chmod(address.sun_path, 0666);
     /* Logged and recorded before `-d` returns: a caller reads both at once. */
     say("Starting control daemon using socket %s", address.sun_path);
     say("To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY=%s", pipe_dir);
