@@ -35,7 +35,6 @@ from pathlib import Path
 
 from bench.comparison import OURS, REFERENCE, BenchError, Row, from_samples
 from bench.dra import allocated_claim
-from bench.drastart import published
 from bench.nodes import DEFAULT_PRESET
 from bench.report import median, p99
 from bench.scenarios import MIB
@@ -58,6 +57,11 @@ POLL = 0.002
 WATCHER_POLL = 0.005  # s between the plugin watcher's looks for a registration socket
 
 Decode = Callable[[bytes], kubeproto.JsonObject]
+
+
+def published(server: ApiServer) -> int:
+    """How many devices the stand-in's slices hold."""
+    return sum(len(piece["spec"]["devices"]) for piece in server.slices.values())
 
 
 @dataclass

@@ -65,8 +65,8 @@ def echo(
     return Child(argv, root / "echo.log")
 
 
-def dra_floor(root: Path, socket: Path, url: str, body: Path) -> Child:
+def dra_floor(root: Path, socket: Path, url: str, body: Path, info: Path) -> Child:
     """The floor under `dra serve` of bench/drafloor.py, publishing the slice in `body` to the
-    API server at `url` (not started)."""
-    argv = [PYTHON, "-m", "bench.drafloor", str(socket), url, str(body)]
+    API server at `url`, its GetInfo answering the PluginInfo bytes in `info` (not started)."""
+    argv = [PYTHON, "-m", "bench.drafloor", str(socket), url, str(body), str(info)]
     return Child(argv, root / "drafloor.log")

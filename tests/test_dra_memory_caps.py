@@ -1,8 +1,10 @@
 """A memory share's cap (`dra serve --gpu-sharing memory`, production path on the simulated
 libnvidia-ml.so.1): Prepare over the real DRA socket names the driver's memory-limit hook in the
 share's CDI device; the hook, run from that spec as a runtime runs it, caps this process's
-cgroup on the GPU; Unprepare clears the cap through NVML, after a driver restart too. A GPU
-whose NVML has no per-cgroup limits is refused at Prepare."""
+pod's cgroup on the GPU (tests/hookview.py); Unprepare clears exactly the caps recorded, on
+every GPU they name, through NVML, after a driver restart too, and sets back what another
+claim's share in the same pod still holds. A GPU whose NVML has no per-cgroup limits is refused
+at Prepare."""
 
 from __future__ import annotations
 
@@ -12,18 +14,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from test_sim_library_memory_limits import GIB, own_cgroup
+from test_sim_library_memory_limits import GIB
 
 from deviceplugin.dra.memorylimits import HOOK_FILE, RECORDS_DIR
 from deviceplugin.model.slices import device_name
 from deviceplugin.sim.hostroot import LIBRARY_DIR
 from tests.dranode import inventory
 from tests.draplugin import DRIVER, PRESET, Node, claim, run, running_driver
+from tests.hookview import OTHER_POD, POD, HookView, run_hook
 
 FOUND = inventory(PRESET)
 WHOLE_GPU = next(gpu for gpu in FOUND.gpus if not gpu.mig_enabled)
 WHOLE = device_name(WHOLE_GPU, None)
 SHARE = "5f0c2a8e-1b3d-4e6f-8a9b-0c1d2e3f4a5b"
+OTHER_SHARE = "6a1d3b9f-2c4e-4f70-9bac-1d2e3f4a5b6c"
 NO_LIMITS_NODE = """\
 gpus:
   - uuid: GPU-8e2f3c10-0000-4000-8000-000000000000
@@ -34,10 +38,10 @@ gpus:
 """
 
 
-def shared(name: str, device: str, memory: str) -> dict[str, Any]:
+def shared(name: str, device: str, memory: str, share: str = SHARE) -> dict[str, Any]:
     body = claim(name, [("gpu", device)])
     result = body["status"]["allocation"]["devices"]["results"][0]
-    result["shareID"], result["consumedCapacity"] = SHARE, {"memory": memory}
+    result["shareID"], result["consumedCapacity"] = share, {"memory": memory}
     return body
 
 
@@ -47,24 +51,17 @@ def hooks(node: Node, uid: str) -> list[dict[str, Any]]:
     return list(device["containerEdits"].get("hooks", []))
 
 
-def run_hook(hook: dict[str, Any]) -> None:
-    """The hook as runc runs it: `path` executed with `args` (args[0] its name), state on
-    stdin."""
-    state = {"ociVersion": "1.2.0", "id": "c1", "status": "creating", "pid": 1, "bundle": "/b"}
-    done = subprocess.run(
-        hook["args"],
-        executable=hook["path"],
-        input=json.dumps(state),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+def run_spec_hook(hook: dict[str, Any], view: HookView, gpu: str = "") -> None:
+    """The spec's hook as runc runs it in a pod's container (`view`); with `gpu`, for that GPU
+    instead of the spec's."""
+    args = list(hook["args"])
+    args[5] = gpu or args[5]
+    done = run_hook(hook["path"], args, view)
     assert done.returncode == 0, done.stderr
 
 
-def cap(node: Node) -> int | None:
-    """This process's cap on WHOLE_GPU, read through the driver root's library."""
+def cap(node: Node, cgroup: str, gpu: str = WHOLE_GPU.uuid) -> int | None:
+    """A cgroup's cap on a GPU, read through the driver root's library."""
     script = (
         "import ctypes, os, sys, pynvml as n\n"
         "ctypes.CDLL(sys.argv[1], mode=os.RTLD_GLOBAL)\n"
@@ -79,7 +76,7 @@ def cap(node: Node) -> int | None:
     root = Path(node.settings.overrides["nvidia_driver_root"] or "")
     library = str(root / LIBRARY_DIR / "libnvidia-ml.so.1")
     done = subprocess.run(
-        [sys.executable, "-c", script, library, WHOLE_GPU.uuid, own_cgroup()],
+        [sys.executable, "-c", script, library, gpu, cgroup],
         capture_output=True,
         text=True,
         timeout=60,
@@ -89,7 +86,9 @@ def cap(node: Node) -> int | None:
     return None if done.stdout.strip() == "none" else int(done.stdout)
 
 
-def test_a_share_is_capped_by_the_hook_and_cleared_at_unprepare() -> None:
+def test_a_share_is_capped_by_the_hook_and_cleared_at_unprepare(tmp_path: Path) -> None:
+    view = HookView(tmp_path)
+
     async def body() -> None:
         async with running_driver(gpu_sharing="memory", library=True) as node:
             plugin_dir = node.kubelet_root / "plugins" / DRIVER
@@ -101,13 +100,13 @@ def test_a_share_is_capped_by_the_hook_and_cleared_at_unprepare() -> None:
             assert hook["hookName"] == "createContainer"
             assert hook["path"] == str(plugin_dir / HOOK_FILE)
             assert hook["args"][3:] == [ref[2], SHARE, WHOLE_GPU.uuid, str(20 * GIB)]
-            run_hook(hook)
-            assert cap(node) == 20 * GIB
-            assert len(list((plugin_dir / RECORDS_DIR).iterdir())) == 1
+            run_spec_hook(hook, view)
+            assert cap(node, view.pod()) == 20 * GIB
+            assert len(list((plugin_dir / RECORDS_DIR).glob("*.json"))) == 1
             await node.restart()  # the records outlive the driver
             await node.watcher.unprepare(DRIVER, [ref])
-            assert cap(node) is None
-            assert list((plugin_dir / RECORDS_DIR).iterdir()) == []
+            assert cap(node, view.pod()) is None
+            assert list((plugin_dir / RECORDS_DIR).glob("*.json")) == []
             assert list(node.cdi_dir.glob("*.json")) == []
 
     run(body)
@@ -136,11 +135,50 @@ def test_unprepare_fails_while_a_cap_cannot_be_cleared() -> None:
             ref = node.add_claim(shared("stuck", WHOLE, "4Gi"))
             assert (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]].error == ""
             bad = records / f"{ref[2]}_{SHARE}_0.json"
-            bad.write_text(json.dumps({"gpu": "GPU-no-such", "nameSpace": own_cgroup()}))
+            bad.write_text(json.dumps({"gpu": "GPU-no-such", "nameSpace": "/x", "limit": GIB}))
             done = await node.watcher.unprepare(DRIVER, [ref])
             assert "GPU-no-such" in done.claims[ref[2]].error
             assert bad.exists() and list(node.cdi_dir.glob("*.json"))  # the kubelet retries
             bad.unlink()
             assert (await node.watcher.unprepare(DRIVER, [ref])).claims[ref[2]].error == ""
+
+    run(body)
+
+
+def test_unprepare_clears_the_caps_a_share_has_on_every_gpu_recorded(tmp_path: Path) -> None:
+    view = HookView(tmp_path)
+    other_gpu = next(g for g in FOUND.gpus if not g.mig_enabled and g.uuid != WHOLE_GPU.uuid).uuid
+
+    async def body() -> None:
+        async with running_driver(gpu_sharing="memory", library=True) as node:
+            ref = node.add_claim(shared("two-gpus", WHOLE, "8Gi"))
+            assert (await node.watcher.prepare(DRIVER, [ref])).claims[ref[2]].error == ""
+            (hook,) = hooks(node, ref[2])
+            run_spec_hook(hook, view)
+            run_spec_hook(hook, view, gpu=other_gpu)  # one share ID named on another GPU
+            assert cap(node, view.pod()) == cap(node, view.pod(), other_gpu) == 8 * GIB
+            assert (await node.watcher.unprepare(DRIVER, [ref])).claims[ref[2]].error == ""
+            assert cap(node, view.pod()) is None
+            assert cap(node, view.pod(), other_gpu) is None
+
+    run(body)
+
+
+def test_unprepare_leaves_a_pod_what_another_claims_share_holds(tmp_path: Path) -> None:
+    view = HookView(tmp_path)
+
+    async def body() -> None:
+        async with running_driver(gpu_sharing="memory", library=True) as node:
+            first = node.add_claim(shared("first", WHOLE, "8Gi"))
+            second = node.add_claim(shared("second", WHOLE, "4Gi", OTHER_SHARE))
+            prepared = await node.watcher.prepare(DRIVER, [first, second])
+            assert all(c.error == "" for c in prepared.claims.values())
+            run_spec_hook(*hooks(node, first[2]), view)
+            view.enter(POD, "c2")
+            run_spec_hook(*hooks(node, second[2]), view)
+            assert cap(node, view.pod()) == 12 * GIB
+            assert (await node.watcher.unprepare(DRIVER, [first])).claims[first[2]].error == ""
+            assert cap(node, view.pod()) == 4 * GIB
+            assert cap(node, view.pod(OTHER_POD)) is None
 
     run(body)

@@ -3,7 +3,8 @@
 UBSan (tests/native/simlib_inputs.c). Event lines: one table of cases
 (tests/data/event-lines.json) that both must judge alike. Node files: `sim-root` refuses,
 naming the field, whatever the library would refuse, and the library refuses a rendering
-that breaks its rules instead of corrupting memory."""
+that breaks its rules instead of corrupting memory. MIG state files: the library takes every
+layout it wrote itself and refuses the broken ones of the fuzzing corpus."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from deviceplugin.sim.nodejson import render
 REPO = Path(__file__).resolve().parent.parent
 TABLE = REPO / "tests" / "data" / "event-lines.json"
 HARNESS = REPO / "tests" / "native" / "simlib_inputs.c"
+MIG_STATE_NODE = REPO / "tests" / "native" / "fuzz_mig_state_node.json"
+MIG_STATES = REPO / "tests" / "data" / "fuzz" / "mig-state"
 
 
 def table() -> list[tuple[bytes, str, str]]:
@@ -178,6 +181,22 @@ def test_the_library_refuses_duplicate_keys(harness: Path, tmp_path: Path) -> No
 @pytest.mark.parametrize("preset", ["a100-80gb-x8-mixed", "a30-x4-mig", "dgx1-hybrid-cube"])
 def test_the_library_takes_every_preset(preset: str, harness: Path, tmp_path: Path) -> None:
     assert c_node(harness, tmp_path, rendering(preset)) == "ok"
+
+
+# --- MIG state files: those the library wrote are taken, the broken ones refused ----------------
+
+
+@pytest.mark.parametrize("state", sorted(p.name for p in MIG_STATES.iterdir()))
+def test_the_library_judges_each_mig_state_of_the_corpus(state: str, harness: Path) -> None:
+    done = subprocess.run(
+        [str(harness), "state", str(MIG_STATE_NODE), str(MIG_STATES / state)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    verdict = "refused" if state.startswith("broken_") else "ok"
+    assert done.stdout.split(":")[0].strip() == verdict, done.stdout + done.stderr
 
 
 # --- node files sim-root must refuse, naming the field ------------------------------------------

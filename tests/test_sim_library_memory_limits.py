@@ -1,7 +1,7 @@
 """Per-cgroup GPU memory limits at the simulated libnvidia-ml.so.1's ABI, through nvidia-ml-py
 loading it from a `sim-root`: set, read back and cleared; shared by every process on the root;
-reported by nvmlDeviceGetMemoryInfo_v2 inside the limited cgroup only; MIG handles and values
-NVML refuses are refused with NVML's codes."""
+reported by nvmlDeviceGetMemoryInfo_v2 inside the limited cgroup and its descendants only; MIG
+handles and values NVML refuses are refused with NVML's codes."""
 
 from __future__ import annotations
 
@@ -93,20 +93,26 @@ def test_a_limit_is_set_read_back_and_cleared(root: Path) -> None:
     assert json.loads((root / LIMITS_FILE).read_text())["limits"] == []
 
 
-def test_memory_info_v2_reports_the_limit_of_the_callers_own_cgroup_only(root: Path) -> None:
+def test_memory_info_v2_reports_the_smallest_limit_of_the_callers_cgroup_and_its_parents(
+    root: Path, tmp_path: Path
+) -> None:
     gpu = n.nvmlDeviceGetHandleByIndex(WHOLE_A100)
     whole = 80 * GIB
     assert memory_total(gpu) == (whole, whole)
-    parent = str(Path(own_cgroup()).parent)
-    set_limits(gpu, parent, 0, 30 * GIB)  # a limit on another cgroup is not ours
+    set_limits(gpu, str(tmp_path), 0, 10 * GIB)  # a limit on another cgroup is not ours
     assert memory_total(gpu) == (whole, whole)
+    parent = str(Path(own_cgroup()).parent)
+    set_limits(gpu, parent, 0, 30 * GIB)  # a pod's cgroup holds its containers'
+    assert memory_total(gpu) == (30 * GIB, 30 * GIB)
     set_limits(gpu, own_cgroup(), 20 * GIB, 20 * GIB)
     assert memory_total(gpu) == (20 * GIB, 20 * GIB)
+    set_limits(gpu, own_cgroup(), 40 * GIB, 40 * GIB)
+    assert memory_total(gpu) == (30 * GIB, 30 * GIB)
     assert n.nvmlDeviceGetMemoryInfo(gpu).total == whole  # the v1 call knows no cgroups
     assert memory_total(n.nvmlDeviceGetHandleByIndex(WHOLE_A100 + 1)) == (whole, whole)
     clear(gpu, own_cgroup())
-    assert memory_total(gpu) == (whole, whole)
     clear(gpu, parent)
+    assert memory_total(gpu) == (whole, whole)
 
 
 def in_process(root: Path, *lines: str) -> str:

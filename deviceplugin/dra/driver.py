@@ -85,7 +85,6 @@ from deviceplugin.runtime.engine import (
 )
 from deviceplugin.runtime.host import Simulator
 from deviceplugin.runtime.options import DraServeOptions
-from deviceplugin.sim.libbuild import BuildError, hook_program
 
 if TYPE_CHECKING:
     from deviceplugin.ops.http import EndpointServer
@@ -407,6 +406,8 @@ class DraDriver:
     def _install_hook(self, library: str | None) -> LimitHook | None:
         """The memory-limit hook copied onto the host (a thread); None, logged, when it cannot
         be: shares are then refused at Prepare."""
+        from deviceplugin.sim.libbuild import BuildError, hook_program  # only with memory shares
+
         if library is None:
             why = "no libnvidia-ml under the driver root for the hook to load"
         else:
@@ -437,7 +438,7 @@ class DraDriver:
         records = self.dra_socket.parent / RECORDS_DIR
         if nvml is None or not records.is_dir():
             return ""
-        return clear_claim(records, claim_uid, nvml.clear_memory_limit)
+        return clear_claim(records, claim_uid, nvml.set_memory_limit)
 
     async def _set_compute_mode(self, uuid: str, mode: int) -> None:
         """For the MPS daemons: a device's compute mode, through this driver's NVML."""

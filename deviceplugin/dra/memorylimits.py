@@ -2,12 +2,13 @@
 
 A share's CDI device carries a createContainer hook, `memory-limit-hook` (C, in
 `node/native/`): runc runs it before pivot_root, on the host's loader, where a node has none of
-our Python. It finds the container's cgroup, calls nvmlDeviceSetMemoryLimits_v1 with hard =
-soft = the share, and first writes a record (claim, share, GPU, cgroup) into `memory-limits/`
-beside the checkpoint. The hook's file must be a host path: the driver copies it from its image
-into its plugin directory (a hostPath mounted at the same path) at start. Unprepare clears the
-limits its records name through the driver's NVML, then drops the records, so a driver that
-restarted in between still clears exactly what was set.
+our Python. It finds the container's pod cgroup (the containers of a pod that use a share are
+capped as one), calls nvmlDeviceSetMemoryLimits_v1 with hard = soft = the shares recorded there
+for the GPU, and first writes a record (claim, share, GPU, cgroup, limit) into `memory-limits/`
+beside the checkpoint, one per GPU and cgroup. The hook's file must be a host path: the driver
+copies it from its image into its plugin directory (a hostPath mounted at the same path) at
+start. Unprepare takes back the limits its records name through the driver's NVML, then drops
+the records, so a driver that restarted in between still clears exactly what was set.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,15 +69,36 @@ def install_hook(program: Path, directory: Path, library: str) -> LimitHook:
     return LimitHook(str(target), str(records), library)
 
 
-def clear_claim(records: Path, claim_uid: str, clear: Callable[[str, str], None]) -> str:
-    """Clear every limit the hook recorded for a claim (`clear(gpu_uuid, cgroup)`), dropping
-    each record once cleared; "" when none is left, else why (the kubelet retries)."""
-    problems = []
-    for path in sorted(records.glob(f"{claim_uid}_*.json")):
+def clear_claim(
+    records: Path, claim_uid: str, limit: Callable[[str, str, int | None], None]
+) -> str:
+    """Take back every cap the hook recorded for a claim, dropping each record once done: the
+    cgroup's limit on the GPU becomes what other claims' records there sum to (their shares in
+    the same pod), else none (`limit(gpu_uuid, cgroup, bytes or None)`). "" when none of the
+    claim's records is left, else why (the kubelet retries)."""
+    problems, mine, others = [], [], Counter[tuple[str, str]]()
+    for path in sorted(records.glob("*.json")):
+        ours = path.name.startswith(f"{claim_uid}_")
         try:
-            entry = json.loads(path.read_text())
-            clear(str(entry["gpu"]), str(entry["nameSpace"]))
+            gpu, cgroup, size = _read_record(path)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            if ours:  # another claim's is its own Unprepare's to report
+                problems.append(f"reading the memory-limit record {path}: {err}")
+            continue
+        if ours:
+            mine.append((path, gpu, cgroup))
+        else:
+            others[gpu, cgroup] += size
+    for path, gpu, cgroup in mine:
+        try:
+            limit(gpu, cgroup, others.get((gpu, cgroup)))
             path.unlink()
-        except (OSError, ValueError, KeyError, TypeError, NvmlError) as err:
+        except (OSError, NvmlError) as err:
             problems.append(f"clearing the memory limit recorded in {path}: {err}")
     return "; ".join(problems)
+
+
+def _read_record(path: Path) -> tuple[str, str, int]:
+    """A record's GPU UUID, cgroup and limit. Raises OSError, ValueError, KeyError, TypeError."""
+    entry = json.loads(path.read_text())
+    return str(entry["gpu"]), str(entry["nameSpace"]), int(entry["limit"])

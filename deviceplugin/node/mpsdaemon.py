@@ -25,7 +25,6 @@ import asyncio
 import json
 import logging
 import os
-import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -157,7 +156,7 @@ class MpsDaemons:
 
     def __init__(self, set_compute_mode: SetComputeMode) -> None:
         self._set_compute_mode = set_compute_mode
-        self.owner = secrets.token_hex(16)  # this plugin's mark on the daemons it serves
+        self.owner = os.urandom(16).hex()  # this plugin's mark on the daemons it serves
         self.control: MpsControl | None = None
         self.running: dict[str, DaemonSpec] = {}  # started, whether answering or not
         self.down: dict[str, str] = {}  # resource -> why its daemon does not serve

@@ -509,14 +509,19 @@ class Nvml:
                     raise
         return True
 
-    def clear_memory_limit(self, gpu_uuid: str, name_space: str) -> None:
-        """Clear the limit a cgroup has on a GPU; a cgroup that is gone has none left."""
+    def set_memory_limit(self, gpu_uuid: str, name_space: str, limit: int | None) -> None:
+        """Limit a cgroup on a GPU to `limit` bytes (hard = soft), or clear its limit (None); a
+        cgroup that is gone has none left."""
         nvml = self._nvml
-        with self.errors(f"clearing the memory limit of {name_space} on {gpu_uuid}"):
+        what = f"the memory limit of {name_space} on {gpu_uuid}"
+        what = f"clearing {what}" if limit is None else f"setting {what} to {limit}"
+        with self.errors(what):
             handle = nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
             limits = nvml.c_nvmlSetMemoryLimits_v1_t()
             limits.nameSpace = name_space.encode()
-            limits.softLimit, limits.hardLimit = 0, MEMORY_LIMIT_MAX
+            limits.softLimit, limits.hardLimit = (
+                (0, MEMORY_LIMIT_MAX) if limit is None else (limit, limit)
+            )
             try:
                 nvml.nvmlDeviceSetMemoryLimits_v1(handle, limits)
             except nvml.NVMLError as err:

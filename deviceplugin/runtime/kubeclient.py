@@ -26,19 +26,23 @@ from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
-import httpx2
-import msgspec
-from lightkube import AsyncClient, KubeConfig
-from lightkube.config.client_adapter import ConnectionParams
-from lightkube.config.models import Cluster, User
-from lightkube.core.exceptions import ApiError, NotReadyError
-from lightkube.core.exceptions import ConfigError as LightkubeConfigError
-from lightkube.generic_resource import create_global_resource, create_namespaced_resource
-from lightkube.types import PatchType
-
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.jsonobject import JsonObject
 from deviceplugin.model.yamlimport import yaml
+from deviceplugin.runtime.leanimports import deferring, with_tls, without_http2
+
+with_tls()  # httpx speaks TLS through anyio; asyncio's own TLS then works too
+with deferring():  # what the client's libraries load for paths the daemons do not take
+    without_http2()  # no client here asks for HTTP/2
+    import httpx2
+    import msgspec
+    from lightkube import AsyncClient, KubeConfig
+    from lightkube.config.client_adapter import ConnectionParams
+    from lightkube.config.models import Cluster, User
+    from lightkube.core.exceptions import ApiError, NotReadyError
+    from lightkube.core.exceptions import ConfigError as LightkubeConfigError
+    from lightkube.generic_resource import create_global_resource, create_namespaced_resource
+    from lightkube.types import PatchType
 
 T = TypeVar("T")
 

@@ -75,6 +75,12 @@ def gpu_instance_minor(gpu: int, gpu_instance: int) -> int:
     return 3 + 135 * gpu + 9 * gpu_instance
 
 
+def mig_device_minors(gpu: int, gpu_instance: int, compute_instance: int) -> tuple[int, int]:
+    """The driver's minors for a MIG device's `gpu<gpu>/gi<G>/access` and `.../ci<C>/access`."""
+    access = gpu_instance_minor(gpu, gpu_instance)
+    return access, access + 1 + compute_instance
+
+
 def mig_minors_table(gpus: Iterable[int] = range(TABLE_GPUS)) -> dict[str, int]:
     """The mig-minors table the kernel module writes at load, in its order: the whole of it, or
     the rows of `gpus` only (those the table covers)."""
@@ -107,9 +113,9 @@ def capability_files(node: Node) -> dict[str, int]:
     for gpu in node.gpus:
         for mig in gpu.mig_devices:
             gi, ci = mig.gpu_instance_id, mig.compute_instance_id
-            access = gpu_instance_minor(gpu.minor, gi)
+            access, compute = mig_device_minors(gpu.minor, gi, ci)
             files[f"gpu{gpu.minor}/mig/gi{gi}/access"] = access
-            files[f"gpu{gpu.minor}/mig/gi{gi}/ci{ci}/access"] = access + 1 + ci
+            files[f"gpu{gpu.minor}/mig/gi{gi}/ci{ci}/access"] = compute
     return files
 
 
@@ -141,8 +147,7 @@ def device_nodes(node: Node, every_instance: bool = True) -> dict[str, tuple[int
         else:
             wanted = []
             for mig in gpu.mig_devices:
-                access = gpu_instance_minor(gpu.minor, mig.gpu_instance_id)
-                wanted += [access, access + 1 + mig.compute_instance_id]
+                wanted += mig_device_minors(gpu.minor, mig.gpu_instance_id, mig.compute_instance_id)
         nodes.update({capability_node(minor): (CAPS_MAJOR, minor) for minor in wanted})
     for minor in _CONTROL_MINORS.values():
         nodes[capability_node(minor)] = (CAPS_MAJOR, minor)

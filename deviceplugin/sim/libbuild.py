@@ -48,6 +48,7 @@ NVIDIA_SMI_SOURCE = "nvidiasmi.c"
 SOURCES = (
     "json.c",
     "node.c",
+    "view.c",
     "check.c",
     "eventline.c",
     "events.c",

@@ -1,4 +1,4 @@
-/* memory-limit-hook: an OCI createContainer hook that caps the container's memory on one GPU.
+/* memory-limit-hook: an OCI createContainer hook that caps a pod's memory on one GPU.
  *
  *   memory-limit-hook LIBRARY RECORDS CLAIM_UID SHARE_ID GPU_UUID BYTES   (OCI state on stdin)
  *
@@ -7,31 +7,60 @@
  * the host's loader, libc and LIBRARY (the driver root's libnvidia-ml.so.1, a host path) are
  * what this program loads, and the host's /proc is at /proc. The state's `pid` is runc init's
  * pid in the container's own pid namespace (1), which names another process in the host's /proc,
- * so it is not used: this process, runc init's child, is already in the container's cgroup and
- * reads /proc/self/cgroup (cgroup.c's rule) after leaving a private cgroup namespace for the
- * host's (that of the host's pid 1), where the path is the whole one.
+ * so it is not used (the state is read, within STATE_DEADLINE_S, and dropped): this process,
+ * runc init's child, is already in the container's cgroup and reads /proc/self/cgroup (cgroup.c's
+ * rule) in the host's cgroup namespace (that of the host's pid 1), where the path is the whole
+ * one. Where it cannot be in the host's namespace nothing is capped: a path relative to a private
+ * one names some other cgroup. The path is checked after resolution (no `.` or `..`, no link, a
+ * directory strictly below its hierarchy's mount).
  *
- * Before the limit is set, a record of it (RECORDS/<claim>_<share>_<hash>.json: claim, share,
- * gpu, nameSpace, limit) is written atomically, so the driver's Unprepare (after any restart)
- * clears exactly the limits set and none is left untracked; a failed set removes its record.
- * Exit 0 when the limit is set; else 1 with a message on stderr (runc then fails the create). */
+ * The cap is on the container's parent, its pod's cgroup, so that every container of the pod
+ * that uses the share (a sidecar, an init container) is capped as one: the hook runs once per
+ * container, and the second finds the first's record. The pod's cap on a GPU is the sum of the
+ * shares recorded for it (two claims' shares of one GPU in one pod). A share already capped in
+ * another pod's cgroup that still exists is refused: two pods would get it twice.
+ *
+ * Before the limit is set, a record of it (RECORDS/<claim>_<share>_<hash of GPU and cgroup>.json:
+ * claim, share, gpu, nameSpace, limit) is written atomically, under RECORDS/.lock, so the
+ * driver's Unprepare (after any restart) sets back exactly the limits set and none is left
+ * untracked; a failed set removes its record. Exit 0 when the limit is set; else 1 with a message
+ * on stderr (runc then fails the create).
+ *
+ * For tests, DEVICEPLUGIN_HOOK_PROC and DEVICEPLUGIN_HOOK_CGROUPFS stand for /proc and
+ * /sys/fs/cgroup (a runtime runs a hook with the spec's environment only). */
 #define _GNU_SOURCE
 #include "cgroup.h"
 
 #define NVML_NO_UNVERSIONED_FUNC_DEFS 1
 #include <nvml.h>
 
+#include <ctype.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
+
+#define STATE_DEADLINE_S 5
+#define INITIAL_USER_NS 0xEFFFFFFDu   /* the kernel's initial namespaces' inodes (proc_ns.h) */
+#define INITIAL_CGROUP_NS 0xEFFFFFFBu
+#define LOCK_FILE ".lock"
+#define GPU_MAX 96
+
+typedef struct {
+    char claim[65], share[65], gpu[GPU_MAX], space[PATH_MAX];
+    unsigned long long limit;
+} limit_record;
 
 static int fail(const char *format, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *format, ...) {
@@ -52,48 +81,248 @@ static int plain_name(const char *text) {
     return 1;
 }
 
-/* Into the host's cgroup namespace when this process is in another one. Where the host's pid 1
- * cannot be looked at (a runtime that is itself confined), /proc/self/cgroup is taken as it is:
- * the usual private namespace shows the root there, which main() refuses. */
-static int host_cgroup_namespace(void) {
-    struct stat own, host;
-    if (stat("/proc/self/ns/cgroup", &own) != 0) return 1; /* no cgroup namespaces at all */
-    int fd = open("/proc/1/ns/cgroup", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 1;
-    if (fstat(fd, &host) != 0) {
-        close(fd);
-        return 0;
+/* Text a record holds as it is: no quote, backslash or control character to escape. */
+static int record_text(const char *text) {
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++)
+        if (*c == '"' || *c == '\\' || *c < 0x20) return 0;
+    return 1;
+}
+
+static const char *env_or(const char *name, const char *otherwise) {
+    const char *value = getenv(name);
+    return value && *value ? value : otherwise;
+}
+
+/* The OCI state on stdin read to its end: 1; 0 when it does not end within STATE_DEADLINE_S,
+ * -1 (errno set) when it cannot be read. */
+static int drain_state(void) {
+    struct timespec now, end;
+    char buffer[4096];
+    clock_gettime(CLOCK_MONOTONIC, &end);
+    end.tv_sec += STATE_DEADLINE_S;
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long left = (end.tv_sec - now.tv_sec) * 1000 + (end.tv_nsec - now.tv_nsec) / 1000000;
+        if (left <= 0) return 0;
+        struct pollfd in = {STDIN_FILENO, POLLIN, 0};
+        int ready = poll(&in, 1, (int)left);
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready <= 0) return 0;
+        ssize_t got = read(STDIN_FILENO, buffer, sizeof buffer);
+        if (got == 0) return 1;
+        if (got < 0 && errno != EINTR && errno != EAGAIN) return -1;
     }
-    int ok = (own.st_dev == host.st_dev && own.st_ino == host.st_ino) || setns(fd, CLONE_NEWCGROUP) == 0;
+}
+
+/* Whether this process is in the host's namespace of `kind` ("user", "cgroup"): the kernel's
+ * initial one, or that of the host's pid 1 (a node that is itself a container). When it is
+ * not, *host is pid 1's namespace opened, or -1 when it cannot be. */
+static int in_host_namespace(const char *proc, const char *kind, unsigned int initial, int *host) {
+    char path[PATH_MAX];
+    struct stat own, other;
+    *host = -1;
+    snprintf(path, sizeof path, "%s/self/ns/%s", proc, kind);
+    if (stat(path, &own) != 0) return errno == ENOENT; /* a kernel without such namespaces */
+    if (own.st_ino == initial) return 1;
+    snprintf(path, sizeof path, "%s/1/ns/%s", proc, kind);
+    *host = open(path, O_RDONLY | O_CLOEXEC);
+    if (*host < 0 || fstat(*host, &other) != 0) return 0;
+    if (own.st_dev != other.st_dev || own.st_ino != other.st_ino) return 0;
+    close(*host);
+    *host = -1;
+    return 1;
+}
+
+/* Into the host's cgroup namespace, where /proc/self/cgroup names the whole path; NULL, or why
+ * not. */
+static const char *host_cgroup_namespace(const char *proc, char *why, size_t size) {
+    int host;
+    if (in_host_namespace(proc, "cgroup", INITIAL_CGROUP_NS, &host)) return NULL;
+    if (host < 0) {
+        snprintf(why, size, "cannot open the host's cgroup namespace (%s/1/ns/cgroup): %s", proc, strerror(errno));
+    } else if (setns(host, CLONE_NEWCGROUP) != 0) {
+        snprintf(why, size, "cannot enter the host's cgroup namespace (%s/1/ns/cgroup): %s", proc, strerror(errno));
+    } else {
+        close(host);
+        return NULL;
+    }
+    if (host >= 0) close(host);
+    strncat(why, "; the container's own view names its cgroup relative to a private namespace, so nothing is capped",
+            size - strlen(why) - 1);
+    return why;
+}
+
+/* The container's cgroup `path` (under `mount`, as /proc/self/cgroup gave it) checked and
+ * resolved into `out` (the mount's resolved path into `real_mount`): plain names only (no `.`,
+ * `..` or empty one), no link on the way, a directory strictly below the mount. NULL, or why not. */
+static const char *checked_cgroup(const char *mount, const char *path, char *real_mount, char *out, char *why,
+                                  size_t size) {
+    const char *relative = path + strlen(mount);
+    if (strcmp(relative, "/") == 0 || !*relative) {
+        snprintf(why, size, "the container's cgroup is the root %s: refusing to limit every process", mount);
+        return why;
+    }
+    for (const char *name = relative + 1, *next; *name; name = next + (*next == '/')) {
+        next = name + strcspn(name, "/");
+        size_t length = (size_t)(next - name);
+        if (length == 0 || (length == 1 && name[0] == '.') || (length == 2 && memcmp(name, "..", 2) == 0)) {
+            snprintf(why, size, "the cgroup path %s has an empty, '.' or '..' component: refusing it", path);
+            return why;
+        }
+    }
+    if (!record_text(path)) {
+        snprintf(why, size, "the cgroup path %s has a character no cgroup name has: refusing it", path);
+        return why;
+    }
+    struct stat info;
+    if (!realpath(mount, real_mount) || !realpath(path, out) || stat(out, &info) != 0) {
+        snprintf(why, size, "the cgroup %s cannot be resolved: %s", path, strerror(errno));
+        return why;
+    }
+    size_t length = strlen(real_mount);
+    if (strncmp(out, real_mount, length) != 0 || strcmp(out + length, relative) != 0 || !S_ISDIR(info.st_mode)) {
+        snprintf(why, size, "the cgroup %s resolves to %s, not a directory below %s: refusing it", path, out, real_mount);
+        return why;
+    }
+    return NULL;
+}
+
+/* A pod UID as a kubelet names its cgroup: a UUID with `dash` between its groups (or a static
+ * pod's 32 hex digits). */
+static int pod_uid(const char *text, size_t length, char dash) {
+    if (length != 36 && length != 32) return 0;
+    for (size_t i = 0; i < length; i++) {
+        int between = length == 36 && (i == 8 || i == 13 || i == 18 || i == 23);
+        if (between ? text[i] != dash : !isxdigit((unsigned char)text[i])) return 0;
+    }
+    return 1;
+}
+
+/* Whether `name` is a pod's cgroup: `pod<uid>` (cgroupfs) or `kubepods[-<qos>]-pod<uid>.slice`
+ * (systemd, `_` for `-` in the UID). */
+static int pod_cgroup(const char *name) {
+    size_t length = strlen(name);
+    if (strncmp(name, "pod", 3) == 0 && pod_uid(name + 3, length - 3, '-')) return 1;
+    const char *pod = strstr(name, "-pod");
+    return strncmp(name, "kubepods", 8) == 0 && pod && length > 6 && strcmp(name + length - 6, ".slice") == 0 &&
+           name + length - 6 >= pod + 4 && pod_uid(pod + 4, (size_t)(name + length - 6 - (pod + 4)), '_');
+}
+
+static int field(const char *text, const char *key, char *out, size_t size) {
+    char pattern[32];
+    snprintf(pattern, sizeof pattern, "\"%s\": \"", key);
+    const char *start = strstr(text, pattern);
+    if (!start) return 0;
+    start += strlen(pattern);
+    const char *end = strchr(start, '"');
+    if (!end || memchr(start, '\\', (size_t)(end - start)) || (size_t)(end - start) >= size) return 0;
+    memcpy(out, start, (size_t)(end - start));
+    out[end - start] = '\0';
+    return 1;
+}
+
+/* The record `name` (<claim>_<share>_<hash>.json) in the directory `dir`, as write_record wrote it. */
+static int read_record(int dir, const char *name, limit_record *out) {
+    char text[PATH_MAX + 512];
+    const char *first = strchr(name, '_'), *second = first ? strchr(first + 1, '_') : NULL;
+    if (!second || (size_t)(first - name) >= sizeof out->claim || (size_t)(second - first - 1) >= sizeof out->share)
+        return 0;
+    snprintf(out->claim, sizeof out->claim, "%.*s", (int)(first - name), name);
+    snprintf(out->share, sizeof out->share, "%.*s", (int)(second - first - 1), first + 1);
+    int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t got = read(fd, text, sizeof text - 1);
     close(fd);
-    return ok;
+    if (got <= 0) return 0;
+    text[got] = '\0';
+    const char *limit = strstr(text, "\"limit\": ");
+    return field(text, "gpu", out->gpu, sizeof out->gpu) && field(text, "nameSpace", out->space, sizeof out->space) &&
+           limit && sscanf(limit, "\"limit\": %llu", &out->limit) == 1;
+}
+
+/* FNV-1a of `text`, from `hash`: a record's name for its GPU and cgroup. */
+static unsigned long long fnv1a(unsigned long long hash, const char *text) {
+    for (const unsigned char *c = (const unsigned char *)text; *c; c++) hash = (hash ^ *c) * 1099511628211ull;
+    return hash;
+}
+
+static int is_directory(const char *path) {
+    struct stat info;
+    return stat(path, &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+/* What the records say of `want` (its claim, share, GPU and pod cgroup): *others gets the sum
+ * of the other shares recorded for its GPU in its cgroup, *known whether `want` is recorded (an
+ * earlier container of the pod). A record of its share in a cgroup that is gone is dropped (its
+ * limit went with the cgroup). NULL, or why it cannot be capped. */
+static const char *check_records(const char *records, const limit_record *want, unsigned long long *others,
+                                 int *known, char *why, size_t size) {
+    DIR *dir = opendir(records);
+    *others = 0;
+    *known = 0;
+    if (!dir) {
+        snprintf(why, size, "cannot read the records %s: %s", records, strerror(errno));
+        return why;
+    }
+    const char *problem = NULL;
+    for (struct dirent *entry; !problem && (entry = readdir(dir));) {
+        size_t length = strlen(entry->d_name);
+        limit_record held;
+        if (entry->d_name[0] == '.' || length < 5 || strcmp(entry->d_name + length - 5, ".json") != 0) continue;
+        if (!read_record(dirfd(dir), entry->d_name, &held)) {
+            snprintf(why, size, "cannot read the record %s/%s", records, entry->d_name);
+            problem = why;
+        } else if (strcmp(held.gpu, want->gpu) != 0) {
+            continue;
+        } else if (strcmp(held.claim, want->claim) == 0 && strcmp(held.share, want->share) == 0) {
+            if (strcmp(held.space, want->space) == 0) {
+                *known = 1;
+                continue;
+            }
+            if (!is_directory(held.space)) {
+                unlinkat(dirfd(dir), entry->d_name, 0);
+                continue;
+            }
+            snprintf(why, size,
+                     "claim %s's share %s of %s is capped in the pod cgroup %s already: a share is one cap for "
+                     "the containers that use it, so another pod (%s) cannot use the claim while that one runs",
+                     want->claim, want->share, want->gpu, held.space, want->space);
+            problem = why;
+        } else if (strcmp(held.space, want->space) == 0 && __builtin_add_overflow(*others, held.limit, others)) {
+            snprintf(why, size, "the shares recorded for %s in %s overflow", want->gpu, want->space);
+            problem = why;
+        }
+    }
+    closedir(dir);
+    return problem;
 }
 
 static void json_string(FILE *out, const char *text) {
     fputc('"', out);
-    for (const unsigned char *c = (const unsigned char *)text; *c; c++) {
-        if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
-        else if (*c < 0x20) fprintf(out, "\\u%04x", *c);
-        else fputc(*c, out);
-    }
+    fputs(text, out); /* record_text: nothing to escape */
     fputc('"', out);
 }
 
-static int write_record(const char *path, const char *claim, const char *share, const char *gpu, const char *space,
-                        unsigned long long bytes) {
-    char scratch[PATH_MAX + 16];
-    snprintf(scratch, sizeof scratch, "%s.tmp%d", path, (int)getpid());
-    FILE *out = fopen(scratch, "we");
-    if (!out) return 0;
+/* `path` written through a scratch file that is created, never followed or reused. */
+static int write_record(const char *records, const char *path, const limit_record *entry) {
+    char scratch[PATH_MAX + 32];
+    snprintf(scratch, sizeof scratch, "%s/.%d.tmp", records, (int)getpid());
+    unlink(scratch); /* one a crashed hook of this pid left; a link is removed, not followed */
+    int fd = open(scratch, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    FILE *out = fd < 0 ? NULL : fdopen(fd, "w");
+    if (!out) {
+        if (fd >= 0) close(fd);
+        return 0;
+    }
     fputs("{\"claim\": ", out);
-    json_string(out, claim);
+    json_string(out, entry->claim);
     fputs(", \"share\": ", out);
-    json_string(out, share);
+    json_string(out, entry->share);
     fputs(", \"gpu\": ", out);
-    json_string(out, gpu);
+    json_string(out, entry->gpu);
     fputs(", \"nameSpace\": ", out);
-    json_string(out, space);
-    fprintf(out, ", \"limit\": %llu}\n", bytes);
+    json_string(out, entry->space);
+    fprintf(out, ", \"limit\": %llu}\n", entry->limit);
     int ok = fflush(out) == 0 && fsync(fileno(out)) == 0;
     ok = fclose(out) == 0 && ok;
     if (!ok || rename(scratch, path) != 0) {
@@ -142,31 +371,77 @@ static const char *set_limit(const char *library, const char *gpu, const char *s
     return why;
 }
 
+/* The pod cgroup of the container this process is in, checked, into `pod`; NULL, or why not. */
+static const char *pod_of_container(char *pod, char *why, size_t size) {
+    const char *proc = env_or("DEVICEPLUGIN_HOOK_PROC", "/proc"), *sysfs = env_or("DEVICEPLUGIN_HOOK_CGROUPFS", "/sys/fs/cgroup");
+    char file[PATH_MAX], mount[PATH_MAX], path[PATH_MAX], real_mount[PATH_MAX];
+    int user;
+    if (!in_host_namespace(proc, "user", INITIAL_USER_NS, &user)) {
+        if (user >= 0) close(user);
+        snprintf(why, size,
+                 "the container runs in a user namespace of its own (a pod with hostUsers: false): its cgroup "
+                 "cannot be capped from there; a memory share needs a pod in the host's user namespace");
+        return why;
+    }
+    if (host_cgroup_namespace(proc, why, size)) return why;
+    snprintf(file, sizeof file, "%s/self/cgroup", proc);
+    if (!sim_cgroup_of(file, sysfs, mount, path, sizeof path)) {
+        snprintf(why, size, "%s names no memory or v2 cgroup", file);
+        return why;
+    }
+    if (checked_cgroup(mount, path, real_mount, pod, why, size)) return why;
+    *strrchr(pod, '/') = '\0'; /* the container's parent */
+    if (strlen(pod) <= strlen(real_mount) || !pod_cgroup(strrchr(pod, '/') + 1)) {
+        snprintf(why, size,
+                 "the container's cgroup %s is not in a pod's cgroup (pod<uid>, or kubepods-...-pod<uid>.slice): "
+                 "a share caps the containers of one pod as one, in their pod's cgroup",
+                 path);
+        return why;
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc != 7)
         return fail("usage: %s LIBRARY RECORDS CLAIM_UID SHARE_ID GPU_UUID BYTES (OCI state on stdin)", argv[0]);
-    const char *library = argv[1], *records = argv[2], *claim = argv[3], *share = argv[4], *gpu = argv[5];
-    char *end, space[PATH_MAX], record[PATH_MAX], why[PATH_MAX + 256];
+    const char *library = argv[1], *records = argv[2];
+    char *end, record[PATH_MAX], lock[PATH_MAX], why[3 * PATH_MAX + 512];
+    limit_record want = {0};
     errno = 0;
-    unsigned long long bytes = strtoull(argv[6], &end, 10);
-    if (errno || end == argv[6] || *end || argv[6][0] == '-' || bytes == 0)
+    want.limit = strtoull(argv[6], &end, 10);
+    if (errno || end == argv[6] || *end || argv[6][0] == '-' || want.limit == 0)
         return fail("BYTES: want a positive whole number of bytes, got '%s'", argv[6]);
-    if (!plain_name(claim)) return fail("CLAIM_UID: want a UID, got '%s'", claim);
-    if (!plain_name(share)) return fail("SHARE_ID: want a UID, got '%s'", share);
-    while (fread(why, 1, sizeof why, stdin) > 0) continue; /* the state: not needed (see above) */
-    if (!host_cgroup_namespace()) return fail("cannot enter the host's cgroup namespace: %s", strerror(errno));
-    if (!sim_own_cgroup(space, sizeof space)) return fail("/proc/self/cgroup names no memory or v2 cgroup");
-    if (strcmp(space, "/sys/fs/cgroup") == 0 || strcmp(space, "/sys/fs/cgroup/memory") == 0)
-        return fail("the container's cgroup is the root %s: refusing to limit every process", space);
-    unsigned long long hash = 1469598103934665603ull;
-    for (const char *c = space; *c; c++) hash = (hash ^ (unsigned char)*c) * 1099511628211ull;
-    if (snprintf(record, sizeof record, "%s/%s_%s_%016llx.json", records, claim, share, hash) >= (int)sizeof record)
+    if (!plain_name(argv[3])) return fail("CLAIM_UID: want a UID, got '%s'", argv[3]);
+    if (!plain_name(argv[4])) return fail("SHARE_ID: want a UID, got '%s'", argv[4]);
+    if (!record_text(argv[5]) || strlen(argv[5]) >= sizeof want.gpu)
+        return fail("GPU_UUID: want a UUID, got '%s'", argv[5]);
+    strcpy(want.claim, argv[3]);
+    strcpy(want.share, argv[4]);
+    strcpy(want.gpu, argv[5]);
+    int state = drain_state();
+    if (state < 0) return fail("stdin: cannot read the container's state: %s", strerror(errno));
+    if (state == 0)
+        return fail("stdin: the container's state did not end within %d s (a runtime writes it and closes it)",
+                    STATE_DEADLINE_S);
+    if (pod_of_container(want.space, why, sizeof why)) return fail("%s", why);
+    unsigned long long hash = fnv1a(fnv1a(fnv1a(1469598103934665603ull, want.gpu), "\n"), want.space), others, total;
+    if (snprintf(record, sizeof record, "%s/%s_%s_%016llx.json", records, want.claim, want.share, hash) >=
+            (int)sizeof record ||
+        snprintf(lock, sizeof lock, "%s/" LOCK_FILE, records) >= (int)sizeof lock)
         return fail("RECORDS: path too long");
-    if (!write_record(record, claim, share, gpu, space, bytes))
-        return fail("cannot write the record %s: %s", record, strerror(errno));
-    if (set_limit(library, gpu, space, bytes, why, sizeof why)) {
-        unlink(record);
-        return fail("%s", why);
+    int held = open(lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (held < 0 || flock(held, LOCK_EX) != 0) return fail("cannot lock %s: %s", lock, strerror(errno));
+    int status = 0, known;
+    if (check_records(records, &want, &others, &known, why, sizeof why)) {
+        status = fail("%s", why);
+    } else if (__builtin_add_overflow(others, want.limit, &total)) {
+        status = fail("the shares recorded for %s in %s overflow", want.gpu, want.space);
+    } else if (!write_record(records, record, &want)) {
+        status = fail("cannot write the record %s: %s", record, strerror(errno));
+    } else if (set_limit(library, want.gpu, want.space, total, why, sizeof why)) {
+        if (!known) unlink(record); /* else an earlier container's cap stands, and its record */
+        status = fail("%s", why);
     }
-    return 0;
+    close(held);
+    return status;
 }

@@ -50,7 +50,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetVirtualizationMode(nvmlDevice_t device, nvmlGp
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
-    WHOLE_GPU(device, index, "nvmlDeviceGetIndex", *index = gpu->index);
+    WHOLE_GPU(device, index, "nvmlDeviceGetIndex", *index = gpu->view_index);
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {

@@ -96,6 +96,7 @@ nvmlReturn_t sim_events_open(void) {
 }
 
 static void deliver(sim_gpu *gpu, sim_mig *mig, unsigned long long type, unsigned long long data) {
+    if (mig && !sim_mig_seen(mig)) return; /* a MIG device this process does not see */
     for (struct nvmlEventSet_st *set = live_sets; set; set = set->next) {
         if (!(set->masks[gpu->index] & type)) continue;
         event *e = set->queued < MAX_QUEUED ? calloc(1, sizeof *e) : NULL;

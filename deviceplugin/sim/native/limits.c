@@ -8,7 +8,9 @@
  * limit (softLimit 0, hardLimit NVML_DEVICE_MEMORY_LIMIT_MAX) has none. As NVIDIA's driver does,
  * a set or clear needs the cgroup's directory to exist (else NVML_ERROR_OPERATING_SYSTEM), a
  * cgroup that is gone has no limits left, and MIG handles are not supported. The simulation
- * allocates nothing, so a limited cgroup's memory is all free. */
+ * allocates nothing, so a limited cgroup's memory is all free. A limit holds for the cgroup's
+ * descendants too (the memory-limit hook caps a pod's cgroup, its containers are below it): a
+ * process sees the smallest limit of its cgroup and its ancestors. */
 #define _GNU_SOURCE
 #include "sim.h"
 
@@ -225,7 +227,14 @@ int sim_memory_limit(const sim_gpu *gpu, unsigned long long *hard) {
     char space[PATH_MAX], path[PATH_MAX];
     if (!sim_own_cgroup(space, sizeof space) || !sim_state_file(path, sizeof path, LIMITS_FILE)) return 0;
     refresh(path);
-    const limit_entry *found = find(gpu->uuid, space);
-    if (found) *hard = found->hard;
-    return found != NULL;
+    int limited = 0;
+    for (size_t length = strlen(space); length > 0;) { /* the cgroup, then each of its parents */
+        space[length] = '\0';
+        const limit_entry *found = find(gpu->uuid, space);
+        if (found && (!limited || found->hard < *hard)) *hard = found->hard;
+        limited = limited || found;
+        const char *slash = strrchr(space, '/');
+        length = slash ? (size_t)(slash - space) : 0;
+    }
+    return limited;
 }

@@ -35,9 +35,12 @@ static nvmlReturn_t mig_gpu(nvmlDevice_t device, const char *call, int enabled, 
     return NVML_SUCCESS;
 }
 
+/* MIG devices, GPU instances and compute instances are those this process sees (view.c). */
+static int seen_device(const sim_mig *mig) { return sim_is_device(mig) && sim_mig_seen(mig); }
+
 static unsigned mig_devices(const sim_gpu *gpu) {
     unsigned count = 0;
-    for (unsigned i = 0; i < gpu->mig_count; i++) count += sim_is_device(&gpu->migs[i]);
+    for (unsigned i = 0; i < gpu->mig_count; i++) count += seen_device(&gpu->migs[i]);
     return count;
 }
 
@@ -49,7 +52,7 @@ static unsigned max_mig_devices(const sim_gpu *gpu) {
 /* The `index`th MIG device (GPU instances without compute instances are none). */
 static sim_mig *mig_by_index(sim_gpu *gpu, unsigned index) {
     for (unsigned i = 0; i < gpu->mig_count; i++)
-        if (sim_is_device(&gpu->migs[i]) && index-- == 0) return &gpu->migs[i];
+        if (seen_device(&gpu->migs[i]) && index-- == 0) return &gpu->migs[i];
     return NULL;
 }
 
@@ -269,7 +272,8 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstances(nvmlDevice_t device, unsigned int
         unsigned found = 0;
         for (unsigned i = 0; i < gpu->mig_count && result == NVML_SUCCESS; i++) {
             sim_mig *m = &gpu->migs[i];
-            if (m->gi_profile_id != profile_id || sim_find_gi(gpu, m->gi_id) != m) continue;
+            if (m->gi_profile_id != profile_id || sim_find_gi(gpu, m->gi_id) != m || !sim_gi_seen(gpu, m->gi_id))
+                continue;
             if (found < gi->instances) instances[found++] = (nvmlGpuInstance_t)&m->gpu_instance;
             else result = NVML_ERROR_INSUFFICIENT_SIZE;
         }
@@ -282,7 +286,7 @@ nvmlReturn_t DECLDIR nvmlDeviceGetGpuInstanceById(nvmlDevice_t device, unsigned 
     if (!instance) return NVML_ERROR_INVALID_ARGUMENT;
     LOCKED(if ((result = mig_gpu(device, "nvmlDeviceGetGpuInstanceById", 1, &gpu)) == NVML_SUCCESS) {
         sim_mig *m = sim_find_gi(gpu, id);
-        if (m) *instance = (nvmlGpuInstance_t)&m->gpu_instance;
+        if (m && sim_gi_seen(gpu, id)) *instance = (nvmlGpuInstance_t)&m->gpu_instance;
         else result = NVML_ERROR_NOT_FOUND;
     });
 }
@@ -378,7 +382,7 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstances(nvmlGpuInstance_t instan
         unsigned room = slices && slices <= gi->gi_slices ? gi->gi_slices / slices : 0, found = 0;
         for (unsigned i = 0; room && i < gi->gpu->mig_count && result == NVML_SUCCESS; i++) {
             sim_mig *m = &gi->gpu->migs[i];
-            if (m->gi_id != gi->gi_id || m->ci_slices != slices) continue;
+            if (m->gi_id != gi->gi_id || m->ci_slices != slices || !seen_device(m)) continue;
             if (found < room) instances[found++] = (nvmlComputeInstance_t)&m->compute_instance;
             else result = NVML_ERROR_INSUFFICIENT_SIZE;
         }
@@ -392,7 +396,7 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceGetComputeInstanceById(nvmlGpuInstance_t ins
     if (!compute) return NVML_ERROR_INVALID_ARGUMENT;
     LOCKED(if ((result = sim_gpu_instance(instance, "nvmlGpuInstanceGetComputeInstanceById", &gi)) == NVML_SUCCESS) {
         sim_mig *m = find_ci(gi, id);
-        if (m) *compute = (nvmlComputeInstance_t)&m->compute_instance;
+        if (m && sim_mig_seen(m)) *compute = (nvmlComputeInstance_t)&m->compute_instance;
         else result = NVML_ERROR_NOT_FOUND;
     });
 }
@@ -416,7 +420,9 @@ nvmlReturn_t DECLDIR nvmlComputeInstanceGetInfo(nvmlComputeInstance_t compute, n
 
 /* --- changing the layout ---------------------------------------------------------------------
  * Each change holds sim_lock and the state's flock from before the handles are resolved (so
- * against the layout every process last wrote) until the new layout is written. */
+ * against the layout every process last wrote) until the new layout is written. Creating and
+ * destroying instances needs the mig/config capability where the dev root is a container's
+ * (view.c). */
 
 /* Hopper and later switch MIG mode at once; Ampere only at the GPU's next reset. */
 static int mig_mode_at_once(const sim_gpu *gpu) {
@@ -475,6 +481,7 @@ static nvmlReturn_t create_gi(nvmlDevice_t device, unsigned profile_id, const nv
     const char *call = "nvmlDeviceCreateGpuInstance";
     nvmlReturn_t result = mig_gpu(device, call, 0, &gpu);
     if (result != NVML_SUCCESS) return result;
+    if (!sim_current->mig_config) return NVML_ERROR_NO_PERMISSION;
     if (!gpu->mig_enabled) return NVML_ERROR_NOT_SUPPORTED;
     if (gi_profile(device, call, profile_id, 1, &gi) != NVML_SUCCESS) return NVML_ERROR_INVALID_ARGUMENT;
     const nvmlGpuInstancePlacement_t *chosen = NULL;
@@ -534,7 +541,8 @@ static void remove_entry(sim_mig *m) {
 nvmlReturn_t DECLDIR nvmlGpuInstanceDestroy(nvmlGpuInstance_t instance) {
     sim_mig *gi;
     CHANGE(if ((result = sim_gpu_instance(instance, "nvmlGpuInstanceDestroy", &gi)) == NVML_SUCCESS) {
-        if (sim_is_device(gi)) result = NVML_ERROR_IN_USE; /* compute instances remain */
+        if (!sim_current->mig_config) result = NVML_ERROR_NO_PERMISSION;
+        else if (sim_is_device(gi)) result = NVML_ERROR_IN_USE; /* compute instances remain */
         else { remove_entry(gi); changed = 1; }
     });
 }
@@ -545,6 +553,7 @@ static nvmlReturn_t create_ci(nvmlGpuInstance_t instance, unsigned profile,
     sim_mig *gi;
     nvmlReturn_t result = sim_gpu_instance(instance, "nvmlGpuInstanceCreateComputeInstance", &gi);
     if (result != NVML_SUCCESS) return result;
+    if (!sim_current->mig_config) return NVML_ERROR_NO_PERMISSION;
     if (profile >= NVML_COMPUTE_INSTANCE_PROFILE_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned slices = ci_slices_by_enum[profile], used = 0, id = 0;
     if (!slices || slices > gi->gi_slices) return NVML_ERROR_NOT_SUPPORTED;
@@ -593,7 +602,8 @@ nvmlReturn_t DECLDIR nvmlGpuInstanceCreateComputeInstanceWithPlacement(nvmlGpuIn
 
 nvmlReturn_t DECLDIR nvmlComputeInstanceDestroy(nvmlComputeInstance_t compute) {
     sim_mig *m;
-    CHANGE(if ((result = sim_compute_instance(compute, "nvmlComputeInstanceDestroy", &m)) == NVML_SUCCESS) {
+    CHANGE(if ((result = sim_compute_instance(compute, "nvmlComputeInstanceDestroy", &m)) == NVML_SUCCESS &&
+               (result = sim_current->mig_config ? NVML_SUCCESS : NVML_ERROR_NO_PERMISSION) == NVML_SUCCESS) {
         unsigned others = 0;
         for (unsigned i = 0; i < m->gpu->mig_count; i++) others += m->gpu->migs[i].gi_id == m->gi_id;
         if (others > 1) {

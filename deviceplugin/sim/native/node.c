@@ -2,9 +2,10 @@
  *
  * The node is the JSON rendering `deviceplugin sim-root` writes beside this library
  * (`deviceplugin-sim-node.json`); events are read from `etc/deviceplugin-sim/events.jsonl` three
- * levels above the library's folder (DIR of DIR/usr/lib/x86_64-linux-gnu). DEVICEPLUGIN_SIM_NODE
- * and DEVICEPLUGIN_SIM_EVENTS name other files. The node is read once, at the first successful
- * nvmlInit; it is never freed, so handles stay valid for the life of the process.
+ * levels above the library's folder (DIR of DIR/usr/lib/x86_64-linux-gnu), and device nodes from
+ * DIR/dev (view.c: what this process sees). DEVICEPLUGIN_SIM_NODE, DEVICEPLUGIN_SIM_EVENTS and
+ * DEVICEPLUGIN_SIM_DEV name others. The node is read once, at the first successful nvmlInit; it
+ * is never freed, so handles stay valid for the life of the process.
  *
  * The file is untrusted: it must be a regular file (opened without blocking, so a FIFO is
  * refused rather than waited on) of at most MAX_NODE_BYTES, and every count and id in it is
@@ -28,6 +29,7 @@
 
 #define NODE_FILE "deviceplugin-sim-node.json"
 #define EVENTS_FROM_LIBRARY "/../../../etc/deviceplugin-sim/events.jsonl"
+#define DEV_FROM_LIBRARY "/../../../dev"
 #define MAX_NODE_BYTES (4 << 20)
 
 pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -273,6 +275,7 @@ static int read_node(parse_state *st, const json *doc, sim_node *node) {
         if (!read_gpu(st, g, &node->gpus[slot], node->gpu_count)) return 0;
     }
     st->where[0] = '\0';
+    sim_view_all(node);
     return sim_node_check(node, st->error, sizeof st->error);
 }
 
@@ -296,10 +299,12 @@ static int read_state_gpu(parse_state *st, const json *g, sim_gpu *gpu) {
 int sim_state_parse(sim_node *node, const char *text, size_t length, char *error, size_t size) {
     parse_state st = {{0}, {0}};
     unsigned long long created = 0;
+    unsigned format = 0;
     json *doc = json_parse(text, length, st.error, sizeof st.error);
     sim_node *scratch = doc ? malloc(sizeof *scratch) : NULL;
     const json *gpus = scratch ? get_array(&st, doc, "gpus", SIM_MAX_GPUS) : NULL;
-    int ok = gpus && get_uint(&st, doc, "created", ~0ull >> 1, &created);
+    int ok = gpus && get_u(&st, doc, "format", &format) && get_uint(&st, doc, "created", ~0ull >> 1, &created);
+    if (ok && format != 1) ok = bad(&st, "format", "is not 1 (written by another deviceplugin release)");
     if (ok && json_length(gpus) != node->gpu_count) ok = bad(&st, "gpus", "is not one entry per GPU of the node");
     if (ok) {
         memcpy(scratch, node, sizeof *scratch);
@@ -394,15 +399,18 @@ static nvmlReturn_t node_from_file(const char *path, sim_node **out) {
 
 nvmlReturn_t sim_load(void) {
     if (sim_current) return NVML_SUCCESS;
-    char node_path[PATH_MAX];
+    char node_path[PATH_MAX], dev_path[PATH_MAX];
     if (!default_path(node_path, sizeof node_path, "DEVICEPLUGIN_SIM_NODE", "/" NODE_FILE) ||
-        !default_path(events_path, sizeof events_path, "DEVICEPLUGIN_SIM_EVENTS", EVENTS_FROM_LIBRARY)) {
-        sim_complain("cannot tell where this library lies; set DEVICEPLUGIN_SIM_NODE and DEVICEPLUGIN_SIM_EVENTS");
+        !default_path(events_path, sizeof events_path, "DEVICEPLUGIN_SIM_EVENTS", EVENTS_FROM_LIBRARY) ||
+        !default_path(dev_path, sizeof dev_path, "DEVICEPLUGIN_SIM_DEV", DEV_FROM_LIBRARY)) {
+        sim_complain("cannot tell where this library lies; set DEVICEPLUGIN_SIM_NODE, DEVICEPLUGIN_SIM_EVENTS "
+                     "and DEVICEPLUGIN_SIM_DEV");
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
     sim_node *node;
     nvmlReturn_t result = node_from_file(node_path, &node);
     if (result != NVML_SUCCESS) return result;
+    sim_view_open(node, dev_path);
     sim_state_paths(events_path);
     if ((result = sim_events_open()) != NVML_SUCCESS) {
         sim_node_free(node);
@@ -440,8 +448,9 @@ nvmlReturn_t sim_device(nvmlDevice_t handle, const char *call, sim_gpu **gpu, si
             size_t offset = (size_t)(address - (const char *)g->migs);
             if (offset % sizeof(sim_mig) != 0) return NVML_ERROR_INVALID_ARGUMENT;
             m = &g->migs[offset / sizeof(sim_mig)];
-            if (!sim_is_device(m)) return NVML_ERROR_INVALID_ARGUMENT;
+            if (!sim_is_device(m) || !sim_mig_seen(m)) return NVML_ERROR_INVALID_ARGUMENT;
         }
+        if (g->hidden) return NVML_ERROR_INVALID_ARGUMENT;
         if (g->lost) return NVML_ERROR_GPU_IS_LOST;
         if (unsupported(g, call)) return NVML_ERROR_NOT_SUPPORTED;
         *gpu = g;
@@ -470,7 +479,8 @@ static nvmlReturn_t instance(const void *address, size_t member, const char *cal
         sim_gpu *g = &sim_current->gpus[i];
         for (unsigned j = 0; j < g->mig_count; j++) {
             if ((const char *)&g->migs[j] + member != address) continue;
-            if (member == offsetof(sim_mig, compute_instance) && !sim_is_device(&g->migs[j]))
+            int compute = member == offsetof(sim_mig, compute_instance);
+            if (compute ? !sim_is_device(&g->migs[j]) || !sim_mig_seen(&g->migs[j]) : !sim_gi_seen(g, g->migs[j].gi_id))
                 return NVML_ERROR_INVALID_ARGUMENT;
             if (g->lost) return NVML_ERROR_GPU_IS_LOST;
             if (unsupported(g, call)) return NVML_ERROR_NOT_SUPPORTED;

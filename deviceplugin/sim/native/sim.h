@@ -19,6 +19,10 @@
 #define SIM_MAX_COMPUTE_INSTANCE_ID 7
 #define SIM_GI_PROFILES NVML_GPU_INSTANCE_PROFILE_COUNT
 #define SIM_NO_INSTANCE 0xFFFFFFFFu
+/* The driver's MIG capability minors: gpu<N>/gi<G>/access is 3 + 135 N + 9 G, its ci<C> one more
+ * plus C; view.c keeps those below SIM_MAX_CAP_MINOR. */
+#define SIM_CAP_MINOR(gpu, gi) (3ull + 135ull * (gpu) + 9ull * (gi))
+#define SIM_MAX_CAP_MINOR (1u << 16)
 
 typedef struct sim_gpu sim_gpu;
 
@@ -74,6 +78,9 @@ struct sim_gpu {
     /* Changed by event lines. */
     int lost, retired_pages_pending, remapped_rows_pending;
     unsigned recovery_action;
+    /* What this process sees (view.c): hidden GPUs have no view_index. */
+    int hidden;
+    unsigned view_index;
 };
 
 typedef struct {
@@ -83,6 +90,11 @@ typedef struct {
     unsigned gpu_count;
     unsigned long long created; /* MIG devices created so far: new UUIDs derive from it */
     sim_gpu gpus[SIM_MAX_GPUS];
+    /* What this process sees (view.c): how many GPUs; whether MIG instances are seen only
+     * through their capability nodes (`caps`, one bit per minor); whether it may change them. */
+    unsigned view_count;
+    int caps_restricted, mig_config;
+    unsigned char caps[SIM_MAX_CAP_MINOR / 8];
 } sim_node;
 
 /* A MIG device, not a GPU instance still waiting for its first compute instance. */
@@ -138,6 +150,14 @@ int sim_memory_limit(const sim_gpu *gpu, unsigned long long *hard);
 
 /* check.c: what the node's parts must agree on (unique ids, MIG layout); 0 with a message. */
 int sim_node_check(const sim_node *node, char *error, size_t size);
+
+/* view.c: the GPUs and MIG instances this process sees. Every one (a parsed node's view), or
+ * those whose device nodes the dev root `dev` holds; then whether a GPU instance (of a GPU seen)
+ * or a MIG entry is seen, under sim_lock with sim_current set. */
+void sim_view_all(sim_node *node);
+void sim_view_open(sim_node *node, const char *dev);
+int sim_gi_seen(const sim_gpu *gpu, unsigned gi_id);
+int sim_mig_seen(const sim_mig *mig);
 
 /* eventline.c: one event line, read apart from the node it applies to. */
 typedef struct {

@@ -27,8 +27,6 @@
 #define STATE_FILE "mig-state.json"
 #define LOCK_FILE "mig-state.lock"
 #define MAX_STATE_BYTES (4 << 20)
-/* The driver's minors: gpu<N>/gi<G>/access is 3 + 135 N + 9 G, its ci<C> one more plus C. */
-#define CAP_MINOR(gpu, gi) (3u + 135u * (gpu) + 9u * (gi))
 
 static char state_path[PATH_MAX], lock_path[PATH_MAX], caps_root[PATH_MAX], proc_driver[PATH_MAX];
 static char state_dir[PATH_MAX];
@@ -234,7 +232,7 @@ static void sync_capabilities(const sim_gpu *gpu) {
     if (mig) closedir(mig);
     for (unsigned j = 0; j < gpu->mig_count; j++) {
         const sim_mig *m = &gpu->migs[j];
-        unsigned minor = CAP_MINOR(gpu->minor, m->gi_id);
+        unsigned minor = (unsigned)SIM_CAP_MINOR(gpu->minor, m->gi_id);
         snprintf(path + length, sizeof path - length, "/gi%u", m->gi_id);
         ensure_access(path, minor);
         if (!sim_is_device(m)) continue;

@@ -85,14 +85,15 @@ nvmlReturn_t DECLDIR nvmlDeviceGetCount_v2(unsigned int *count) {
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     pthread_mutex_lock(&sim_lock);
     nvmlReturn_t result = sim_enter();
-    if (result == NVML_SUCCESS) *count = sim_current->gpu_count;
+    if (result == NVML_SUCCESS) *count = sim_current->view_count;
     pthread_mutex_unlock(&sim_lock);
     return result;
 }
 
 nvmlReturn_t DECLDIR nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount_v2(count); }
 
-/* The GPU (or MIG device, when `migs`) that `match` picks, as a handle. */
+/* The GPU (or MIG device, when `migs`) that `match` picks among those this process sees, as a
+ * handle. */
 typedef int (*matcher)(const sim_gpu *gpu, const sim_mig *mig, const void *key);
 
 static nvmlReturn_t find(matcher match, const void *key, int migs, nvmlDevice_t *device) {
@@ -102,12 +103,13 @@ static nvmlReturn_t find(matcher match, const void *key, int migs, nvmlDevice_t 
     if (result == NVML_SUCCESS) result = NVML_ERROR_NOT_FOUND;
     for (unsigned i = 0; result == NVML_ERROR_NOT_FOUND && i < sim_current->gpu_count; i++) {
         sim_gpu *gpu = &sim_current->gpus[i];
+        if (gpu->hidden) continue;
         if (match(gpu, NULL, key)) {
             *device = (nvmlDevice_t)gpu;
             result = gpu->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
         }
         for (unsigned j = 0; migs && result == NVML_ERROR_NOT_FOUND && j < gpu->mig_count; j++)
-            if (match(gpu, &gpu->migs[j], key)) {
+            if (sim_mig_seen(&gpu->migs[j]) && match(gpu, &gpu->migs[j], key)) {
                 *device = (nvmlDevice_t)&gpu->migs[j];
                 result = gpu->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
             }
@@ -117,7 +119,7 @@ static nvmlReturn_t find(matcher match, const void *key, int migs, nvmlDevice_t 
 }
 
 static int by_index(const sim_gpu *gpu, const sim_mig *mig, const void *key) {
-    return !mig && gpu->index == *(const unsigned *)key;
+    return !mig && gpu->view_index == *(const unsigned *)key;
 }
 
 static int by_uuid(const sim_gpu *gpu, const sim_mig *mig, const void *key) {
