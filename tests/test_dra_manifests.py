@@ -16,6 +16,7 @@ import yaml
 from deviceplugin.cli import parse_options
 from deviceplugin.dra.kubeapi import KubeApi
 from deviceplugin.explain.resourceapi import read_claims, read_classes
+from deviceplugin.model.slices import build_slices
 from deviceplugin.runtime.options import DEFAULT_DRA_DRIVER, DraServeOptions
 
 DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
@@ -122,6 +123,7 @@ def test_slice_writes_are_kept_to_the_drivers_own_node_by_an_admission_policy() 
     assert rules == [
         "variables.node != ''",
         "variables.slices.all(s, s.spec.?nodeName.orValue('') == variables.node)",
+        "variables.slices.all(s, s.spec.pool.name == variables.node)",
         f"variables.slices.all(s, s.spec.driver == '{DEFAULT_DRA_DRIVER}')",
     ]
     assert {v["reason"] for v in spec["validations"]} == {"Forbidden"}
@@ -132,6 +134,18 @@ def test_slice_writes_are_kept_to_the_drivers_own_node_by_an_admission_policy() 
     assert isinstance(settings, DraServeOptions)
     assert settings.driver_name == DEFAULT_DRA_DRIVER
     assert settings.mps_shared_namespaces == ()  # no namespaces share an MPS daemon
+
+
+def test_the_policy_lets_through_the_pool_the_driver_publishes() -> None:
+    """The policy pins spec.nodeName and spec.pool.name to the token's node: every slice the
+    driver writes, those of shared counters (dynamic MIG) included, names its node both ways."""
+    counter_set = {"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}
+    devices = [{"name": f"gpu-{n}"} for n in range(200)]
+    slices = build_slices("node-7", devices, 3, DEFAULT_DRA_DRIVER, [counter_set])
+    assert [bool(s["spec"].get("sharedCounters")) for s in slices] == [True, False, False]
+    assert {(s["spec"]["nodeName"], s["spec"]["pool"]["name"]) for s in slices} == {
+        ("node-7", "node-7")
+    }
 
 
 def test_the_kustomization_applies_every_manifest_of_the_driver() -> None:

@@ -131,6 +131,41 @@ def test_stale_slices_of_this_node_are_deleted_and_others_kept() -> None:
     run(_stale_slices_of_this_node_are_deleted_and_others_kept)
 
 
+async def _another_pools_slice_on_this_node_is_left_alone(
+    server: ApiServer, publisher: SlicePublisher
+) -> None:
+    """A slice on this node naming another pool is not the publisher's: it neither deletes it
+    (the node-restriction policy would refuse, and the pool would never be published) nor lets
+    its generation raise its own, and a change to it is no reason to repair."""
+    found = inventory("h100-x8")
+    stray = build_slices("node-2", build_devices(found), 9)[0]
+    stray["metadata"]["name"] = "stray"
+    stray["spec"]["nodeName"] = NODE
+    api = connect(server=server.url)
+    try:
+        await api.create_slice(stray)
+        assert await publisher.publish(found, {})
+        assert sorted(server.slices) == [f"{NODE}-gpu.nvidia.com-0", "stray"]
+        assert server.slices[f"{NODE}-gpu.nvidia.com-0"]["spec"]["pool"]["generation"] == 1
+        assert ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/stray") not in server.requests
+        stray = server.slices["stray"]
+        before = len(server.requests)
+        publisher.check(list(server.slices.values()))
+        publisher.changed_on_server("MODIFIED", stray)
+        await api.delete_slice("stray")
+        publisher.changed_on_server("DELETED", stray)
+        assert await publisher.publish(found, {})  # a repair would list the slices again
+        assert server.requests[before:] == [
+            ("DELETE", "/apis/resource.k8s.io/v1/resourceslices/stray")
+        ]
+    finally:
+        await api.close()
+
+
+def test_another_pools_slice_on_this_node_is_left_alone() -> None:
+    run(_another_pools_slice_on_this_node_is_left_alone)
+
+
 async def _a_64_gpu_node_is_split_and_shrinking_deletes_the_extra_slices(
     server: ApiServer, publisher: SlicePublisher, tmp_path: Path
 ) -> None:

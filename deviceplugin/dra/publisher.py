@@ -28,7 +28,9 @@ What it guarantees:
 - one pool per node (named after the node), cut into slices at the API's device limit, named
   `<node>-<driver>-<n>`; on any change the pool's generation is bumped and every slice of the
   pool rewritten (consumers use only the newest generation, so no slice may lag behind), slices
-  no longer needed are deleted, and so are stale slices of this node and driver found at start;
+  no longer needed are deleted, and so are stale slices of this node, driver and pool found at
+  start; a slice on this node of another pool is left alone (the node-restriction policy
+  refuses the driver's token any write outside its node's pool);
 - after a restart, slices that already say what this node has are adopted, not rewritten;
 - a slice someone else deleted, changed or added is put back as written (`dra/slicewatch.py`
   hands over what the server says): the publisher tells its own writes from the watch by
@@ -220,8 +222,14 @@ class SlicePublisher:
         self._answering.set()  # the server answers again: a retry need not wait out its backoff
         if self._syncing or self._stored is None:
             return  # a sync that lists anyway is under way or due
-        if _versions(found) != _versions(self._stored.values()):
+        if _versions(self._own(found)) != _versions(self._stored.values()):
             self._repair("the listed slices are not the ones written")
+
+    def _own(self, items: Iterable[JsonObject]) -> list[JsonObject]:
+        """The slices of this node's pool (named after the node). A slice on this node of
+        another pool is not this publisher's to rewrite or delete, nor counted in its generation:
+        the node-restriction policy refuses its token any write to it."""
+        return [item for item in items if _pool_name(item) == self.node_name]
 
     def changed_on_server(self, kind: str, item: JsonObject) -> None:
         """A watch saw `item` ADDED, MODIFIED or DELETED: repair unless it is this publisher's
@@ -229,7 +237,7 @@ class SlicePublisher:
         if self._syncing:
             self._seen_while_syncing.append((kind, item))
             return
-        if self._stored is None or _own_change(self._stored, kind, item):
+        if self._stored is None or not self._own([item]) or _own_change(self._stored, kind, item):
             return
         name = (item.get("metadata") or {}).get("name")
         self._repair(f"ResourceSlice {name} {kind.lower()} by another client")
@@ -369,7 +377,8 @@ class SlicePublisher:
         if self._stored is not None and wanted == self._written:
             return False  # nothing changed since the last write
         if self._stored is None:
-            found, _ = await self._api.list_slices(self.node_name, self.driver)
+            listed, _ = await self._api.list_slices(self.node_name, self.driver)
+            found = self._own(listed)
             self._stored = {item["metadata"]["name"]: item for item in found}
             generations = {_generation(item) for item in found}
             if len(generations) == 1 and _contents(found) == wanted:
@@ -423,6 +432,10 @@ def _own_change(stored: Mapping[str, JsonObject], kind: str, item: JsonObject) -
     if kind == "DELETED":
         return held is None
     return held is not None and _version(held) == _version(item)
+
+
+def _pool_name(item: JsonObject) -> object:
+    return (item.get("spec") or {}).get("pool", {}).get("name")
 
 
 def _generation(item: JsonObject) -> int:

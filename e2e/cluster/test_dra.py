@@ -154,11 +154,10 @@ def allocated(pod_name: str) -> list[Obj]:
     return results
 
 
-def claim_uid(pod_name: str) -> str:
-    statuses = pod(pod_name)["status"]["resourceClaimStatuses"]
-    return str(
-        get("resourceclaim", statuses[0]["resourceClaimName"], "-n", "default")["metadata"]["uid"]
-    )
+def claim_uid(pod_name: str, namespace: str = "default") -> str:
+    statuses = pod(pod_name, namespace)["status"]["resourceClaimStatuses"]
+    claim = get("resourceclaim", statuses[0]["resourceClaimName"], "-n", namespace)
+    return str(claim["metadata"]["uid"])
 
 
 def seen(name: str) -> dict[str, tuple[int, int]]:
@@ -195,18 +194,19 @@ def delete_and_wait_unprepared(uid: str, what: str) -> None:
 def start(manifest: Obj) -> str:
     apply(manifest)
     name = str(manifest["metadata"]["name"])
+    namespace = str(manifest["metadata"].get("namespace", "default"))
     try:
-        wait_until(f"pod {name} Running", lambda: pod_running(name), timeout=180)
+        wait_until(f"pod {name} Running", lambda: pod_running(name, namespace), timeout=180)
     except AssertionError as exc:  # say why: the pod's events, the claims and the slices
-        raise AssertionError(f"{exc}\n{_scheduling_state(name)}") from None
+        raise AssertionError(f"{exc}\n{_scheduling_state(name, namespace)}") from None
     return name
 
 
-def _scheduling_state(name: str) -> str:
+def _scheduling_state(name: str, namespace: str) -> str:
     """What the cluster says about a pod that did not start, for the failure message."""
     parts = [
-        kubectl("describe", "pod", name, check=False),
-        kubectl("get", "resourceclaims", "-o", "wide", check=False),
+        kubectl("describe", "pod", name, "-n", namespace, check=False),
+        kubectl("get", "resourceclaims", "-n", namespace, "-o", "wide", check=False),
         kubectl("get", "resourceslices", "-o", "wide", check=False),
     ]
     return "\n".join(part.strip() for part in parts)

@@ -65,10 +65,11 @@ def template(
     memory: str | None,
     mps: Obj | None = None,
     device_class: str = "gpu-shared.nvidia.com",
+    namespace: str = "default",
 ) -> Obj:
-    """A claim template for the pinned GPU of `device_class`, asking `memory` of it (None: no
-    capacity), with NVIDIA's opaque GpuConfig sharing it through MPS with `mps` as its
-    mpsConfig."""
+    """A claim template in `namespace` for the pinned GPU of `device_class`, asking `memory` of
+    it (None: no capacity), with NVIDIA's opaque GpuConfig sharing it through MPS with `mps` as
+    its mpsConfig."""
     exactly: Obj = {
         "deviceClassName": device_class,
         "selectors": [
@@ -90,18 +91,20 @@ def template(
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {"spec": {"devices": devices}},
     }
 
 
-def share_pod(name: str, claim_template: str, label: str = "dra-shares") -> Obj:
-    """A pod of our image, labelled `e2e=<label>`, that sleeps holding a claim from
-    `claim_template`."""
+def share_pod(
+    name: str, claim_template: str, label: str = "dra-shares", namespace: str = "default"
+) -> Obj:
+    """A pod of our image in `namespace`, labelled `e2e=<label>`, that sleeps holding a claim
+    from `claim_template`."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "labels": {"e2e": label}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"e2e": label}},
         "spec": {
             "terminationGracePeriodSeconds": 1,
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": claim_template}],
@@ -118,10 +121,10 @@ def share_pod(name: str, claim_template: str, label: str = "dra-shares") -> Obj:
     }
 
 
-def result_of(pod_name: str) -> Obj:
+def result_of(pod_name: str, namespace: str = "default") -> Obj:
     """The one allocation result of the pod's claim, as the scheduler wrote it."""
-    (status,) = pod(pod_name)["status"]["resourceClaimStatuses"]
-    claim = get("resourceclaim", status["resourceClaimName"], "-n", "default")
+    (status,) = pod(pod_name, namespace)["status"]["resourceClaimStatuses"]
+    claim = get("resourceclaim", status["resourceClaimName"], "-n", namespace)
     (result,) = claim["status"]["allocation"]["devices"]["results"]
     found: Obj = result
     return found
@@ -250,8 +253,8 @@ DAEMON = b"nvidia-cuda-mps-control"
 EXCLUSIVE_PROCESS, DEFAULT = 3, 0
 
 
-def mps_seen(pod_name: str) -> Obj:
-    seen: Obj = json.loads(exec_in(pod_name, "python", "-c", MPS_SEEN))
+def mps_seen(pod_name: str, namespace: str = "default") -> Obj:
+    seen: Obj = json.loads(exec_in(pod_name, "python", "-c", MPS_SEEN, namespace=namespace))
     return seen
 
 

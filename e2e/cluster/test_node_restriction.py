@@ -137,17 +137,31 @@ def pod_token(pod: Obj) -> str:
     return path.read_text().strip()
 
 
-def slice_manifest(name: str, node: str, driver: str = DRIVER) -> str:
+def slice_manifest(
+    name: str,
+    node: str,
+    driver: str = DRIVER,
+    pool: str | None = None,
+    generation: int = 1,
+    counters: bool = False,
+) -> str:
+    """A slice of `node` in the pool `pool` (the node's own by default, as the driver names
+    it): empty, or holding one set of shared counters (a dynamic-MIG slice) with `counters`."""
+    spec: Obj = {
+        "driver": driver,
+        "nodeName": node,
+        "pool": {"name": pool or node, "generation": generation, "resourceSliceCount": 1},
+    }
+    if counters:
+        spec["sharedCounters"] = [
+            {"name": "gpu-0-counters", "counters": {"memory": {"value": "80Gi"}}}
+        ]
     return json.dumps(
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceSlice",
             "metadata": {"name": name, "labels": TEST_LABEL},
-            "spec": {
-                "driver": driver,
-                "nodeName": node,
-                "pool": {"name": f"e2e-{name}", "generation": 1, "resourceSliceCount": 1},
-            },
+            "spec": spec,
         }
     )
 
@@ -233,6 +247,32 @@ class TestTheDraDriver:
         assert get("resourceslice", "e2e-nr-other")["spec"]["pool"]["generation"] == 1
         kubectl("delete", "resourceslice", "e2e-nr-other")
 
+    @pytest.mark.parametrize("counters", [False, True], ids=["devices", "shared-counters"])
+    def test_it_may_not_publish_another_nodes_pool_on_its_own_node(
+        self, driver: Token, counters: bool
+    ) -> None:
+        # a newer generation of the other node's pool would replace it for the scheduler, which
+        # takes a pool's slices (and counters) whatever node each slice is on
+        manifest = slice_manifest(
+            "e2e-nr-pool", NODE_NAME, pool=OTHER_NODE, generation=1000, counters=counters
+        )
+        answer = driver.kubectl("create", "-f", "-", stdin=manifest)
+        refused(
+            answer,
+            SLICE_POLICY,
+            f"the DRA driver on node {NODE_NAME} may write only the pool of that node "
+            f"(spec.pool.name {NODE_NAME})",
+        )
+        assert not kubectl("get", "resourceslices", "-l", "e2e=node-restriction", "-o", "name")
+
+    def test_it_may_not_delete_another_pools_slice_on_its_own_node(self, driver: Token) -> None:
+        manifest = slice_manifest("e2e-nr-stray", NODE_NAME, pool=OTHER_NODE)
+        kubectl("create", "-f", "-", stdin=manifest)
+        answer = driver.kubectl("delete", "resourceslice", "e2e-nr-stray")
+        refused(answer, SLICE_POLICY, "may write only the pool of that node")
+        assert get("resourceslice", "e2e-nr-stray")["spec"]["pool"]["name"] == OTHER_NODE
+        kubectl("delete", "resourceslice", "e2e-nr-stray")
+
     def test_it_may_not_publish_another_drivers_slice(self, driver: Token) -> None:
         manifest = slice_manifest("e2e-nr-foreign", NODE_NAME, driver="gpu.example.com")
         answer = driver.kubectl("create", "-f", "-", stdin=manifest)
@@ -248,8 +288,13 @@ class TestTheDraDriver:
         answer = unbound.kubectl("create", "-f", "-", stdin=manifest)
         refused(answer, SLICE_POLICY, "a token bound to no node may not write ResourceSlices")
 
-    def test_it_may_publish_and_delete_a_slice_of_its_own_node(self, driver: Token) -> None:
-        answer = driver.kubectl("create", "-f", "-", stdin=slice_manifest("e2e-nr-own", NODE_NAME))
+    @pytest.mark.parametrize("counters", [False, True], ids=["devices", "shared-counters"])
+    def test_it_may_publish_and_delete_a_slice_of_its_own_pool(
+        self, driver: Token, counters: bool
+    ) -> None:
+        # generation 0, older than the driver's: the scheduler ignores it meanwhile
+        manifest = slice_manifest("e2e-nr-own", NODE_NAME, generation=0, counters=counters)
+        answer = driver.kubectl("create", "-f", "-", stdin=manifest)
         assert answer.ok, answer.text
         # the driver itself may remove it first (a slice of its node it did not write): either
         # way, a delete of this node's slice by the driver's token went through
