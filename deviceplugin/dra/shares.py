@@ -5,7 +5,8 @@ The container learns its share through `NVIDIA_GPU_MEMORY_LIMIT` (bytes), the va
 NVIDIA container toolkit's `apply-cuda-memory-limits` CDI hook reads. Only a whole GPU published
 shareable takes a memory share: a MIG device has a fixed size (no share of any kind), and a
 device published whole has no capacity to hand out, so a result that says otherwise was not
-allocated from our slices.
+allocated from our slices. A share ID is refused on either as well: without a memory share
+it would let two claims hold one device uncapped.
 Time-slicing a shared GPU is refused: it would set the scheduling of a GPU whose other shares
 belong to other claims.
 """
@@ -30,14 +31,12 @@ def share_limit(result: Mapping[str, Any], device: str, is_mig: bool, shares: bo
     consumed = result.get("consumedCapacity")
     if not share and consumed is None:
         return None
+    field = ".shareID" if share else ".consumedCapacity"
     if is_mig:
-        field = ".shareID" if share else ".consumedCapacity"
         raise ShareError(f"{field}: {device} is a MIG device, whose size is fixed: not shareable")
     if not shares:
-        if consumed is None:
-            return None  # a share ID alone names its CDI device, and limits nothing
         raise ShareError(
-            f".consumedCapacity: {device} is not published shareable (this driver runs"
+            f"{field}: {device} is not published shareable (this driver runs"
             " without --gpu-sharing memory)"
         )
     if not isinstance(consumed, Mapping) or MEMORY not in consumed:
