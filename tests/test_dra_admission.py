@@ -300,6 +300,25 @@ def test_a_share_id_on_a_gpu_not_published_shareable_is_refused() -> None:
     run(body)
 
 
+def test_a_share_of_a_gpu_published_beside_its_dynamic_partitions_is_refused() -> None:
+    """With dynamic MIG a partitionable GPU is published whole and not shareable, even with
+    memory shares on: the scheduler never makes a share of it, so Prepare refuses one."""
+
+    async def body() -> None:
+        async with running_driver(
+            DYNAMIC, library=True, mig_mode="dynamic", gpu_sharing="memory"
+        ) as node:
+            (error,) = await prepare_each(node, [shared("s", ("gpu-0", SHARES[0], "1Gi"))], True)
+            assert error == (
+                f"ResourceClaim default/s: {RESULT}[0].shareID: gpu-0 is not published shareable"
+                " (with --mig-mode dynamic a partitionable GPU is published whole beside its MIG"
+                " partitions, never in shares)"
+            )
+            assert saved_claims(node) == {}
+
+    run(body)
+
+
 def test_a_share_checkpointed_without_its_size_counts_as_the_whole_gpu() -> None:
     """A share an earlier driver prepared without recording `memoryShare` holds all of its GPU
     until it is unprepared."""

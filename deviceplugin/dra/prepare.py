@@ -86,7 +86,14 @@ from deviceplugin.dra.opaque import (
     settings_for,
 )
 from deviceplugin.dra.opaquetypes import OpaqueConfigError
-from deviceplugin.dra.shares import ShareError, refuse_time_slicing, share_limit
+from deviceplugin.dra.shares import (
+    BESIDE_PARTITIONS,
+    MIG_FIXED,
+    NO_MEMORY_SHARES,
+    ShareError,
+    refuse_time_slicing,
+    share_limit,
+)
 from deviceplugin.model.cdi import (
     CdiError,
     CdiOptions,
@@ -203,6 +210,19 @@ class NodeDevices:
     @property
     def cdi(self) -> tuple[HostScan, CdiOptions]:
         return self.scan, self.options
+
+    def not_shareable(self, name: str) -> str:
+        """Why device `name` takes no memory share, as the slices publish it
+        (`slices._shareable`: a whole GPU, with memory shares, not beside dynamic partitions);
+        "" when it takes one."""
+        found = self.by_name.get(name)
+        if found is None or found[1] is not None:
+            return MIG_FIXED  # a MIG device, or a dynamic partition
+        if not self.memory_shares:
+            return NO_MEMORY_SHARES
+        if any(gpu.uuid == found[0].uuid for gpu, *_ in self.partitions.values()):
+            return BESIDE_PARTITIONS
+        return ""
 
     @classmethod
     def build(
@@ -697,7 +717,7 @@ class Preparer:
             raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
         where = f"ResourceClaim {ref}: {RESULTS_PATH}[{index}]"
         try:
-            limit = share_limit(result, name, mig, self._devices.memory_shares)
+            limit = share_limit(result, name, self._devices.not_shareable(name))
             refuse_time_slicing(limit, settings.sharing, settings.origin)
         except ShareError as err:
             raise PrepareError(f"{where}{err}", INVALID_CONFIG) from err
