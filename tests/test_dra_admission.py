@@ -342,7 +342,14 @@ def test_a_share_checkpointed_without_its_size_counts_as_the_whole_gpu() -> None
                 f" ({WHOLE_GPU.memory_mib} MiB; held by ResourceClaim default/old, whose share's"
                 " size was not recorded: counted as all of it)"
             )
-            assert failures(node, "overcommit") == 1
+            # saved again with another claim, the share stays unsized
+            (ok,) = await prepare_each(node, [claim("elsewhere", [("gpu", OTHER)])], True)
+            assert ok == ""
+            old_entry = next(c for c in saved_claims(node).values() if c["name"] == "old")
+            assert "memoryShare" not in old_entry["devices"][0]
+            (again,) = await prepare_each(node, [shared("again", (WHOLE, SHARES[2], "1Gi"))], True)
+            assert "whose share's size was not recorded" in again, again
+            assert failures(node, "overcommit") == 2
 
     run(body)
 
