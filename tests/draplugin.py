@@ -129,6 +129,16 @@ def claim(
     return body
 
 
+def with_admin_access(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` (from `claim`) asking admin access in its spec's requests and given it in every
+    allocation result, as the scheduler leaves such a claim."""
+    for request in body["spec"]["devices"]["requests"]:
+        request["exactly"]["adminAccess"] = True
+    for result in body["status"]["allocation"]["devices"]["results"]:
+        result["adminAccess"] = True
+    return body
+
+
 def published(server: ApiServer, node: str = NODE) -> dict[str, dict[str, Any]]:
     """Device name -> device, over the node's slices on the stand-in."""
     return {

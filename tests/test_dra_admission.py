@@ -15,8 +15,17 @@ from test_dra_dynamic_mig_prepare import ONE_G_AT_0, THREE_G_AT_0, THREE_G_AT_4,
 from test_dra_dynamic_mig_prepare import PRESET as DYNAMIC
 from test_dra_dynamic_mig_prepare import driver_root as library_root
 
+from deviceplugin.dra.checkpoint import checksum
 from deviceplugin.model.slices import device_name
-from tests.draplugin import DRIVER, Node, claim, run, running_driver, short_dir
+from tests.draplugin import (
+    DRIVER,
+    Node,
+    claim,
+    run,
+    running_driver,
+    short_dir,
+    with_admin_access,
+)
 from tests.simnode import gpu as simgpu
 from tests.simnode import migs, write_node
 from tests.test_dra_memory_shares import FOUND, WHOLE, WHOLE_GPU, shared
@@ -171,8 +180,7 @@ def test_a_whole_gpu_and_a_partition_of_it_for_two_claims_are_refused(whole_firs
             assert read_back(library_root(node))["gis"] == ([] if whole_first else [[9, 4, 4]])
             assert failures(node, "overlap") == 1
             # a monitor (admin access) may see the GPU whatever holds it
-            monitor = claim("monitor", [("gpu", "gpu-0")])
-            monitor["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+            monitor = with_admin_access(claim("monitor", [("gpu", "gpu-0")]))
             assert await prepare_each(node, [monitor], batch=True) == [""]
 
     run(body)
@@ -216,5 +224,172 @@ def test_a_static_mig_device_beside_its_whole_gpu_is_refused() -> None:
                 " ResourceClaim default/whole holds as gpu-1: a GPU is handed out whole (or in"
                 " shares) or as MIG devices, never both"
             )
+
+    run(body)
+
+
+def test_a_whole_gpu_and_a_partition_of_it_in_one_claim_are_refused() -> None:
+    async def body() -> None:
+        async with running_driver(DYNAMIC, library=True, mig_mode="dynamic") as node:
+            both = claim("both", [("gpu", "gpu-0"), ("mig", THREE_G_AT_4)])
+            (error,) = await prepare_each(node, [both], batch=True)
+            assert error == (
+                f"ResourceClaim default/both: {RESULT}[1]: {THREE_G_AT_4} is of GPU gpu-0, which"
+                f" {RESULT}[0] of this claim holds as gpu-0: a GPU is handed out whole (or in"
+                " shares) or as MIG devices, never both"
+            )
+            assert read_back(library_root(node))["gis"] == []
+            assert failures(node, "overlap") == 1
+
+    run(body)
+
+
+# --- what the allocation alone cannot grant ----------------------------------------------------
+
+
+def test_admin_access_is_taken_only_where_the_claims_spec_asks_for_it() -> None:
+    """A status written with `adminAccess` on a request whose spec does not ask for it (or on a
+    `firstAvailable` subrequest, whose API has no such field) would skip every rule above: it
+    is refused."""
+
+    async def body() -> None:
+        async with running_driver() as node:
+            (ok,) = await prepare_each(node, [claim("owner", [("gpu", OTHER)])], batch=True)
+            assert ok == ""
+            forged = claim("forged", [("gpu", OTHER)])
+            forged["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+            sub = claim("sub", [("gpu/big", OTHER)])
+            sub["spec"]["devices"]["requests"] = [
+                {
+                    "name": "gpu",
+                    "firstAvailable": [{"name": "big", "deviceClassName": DRIVER}],
+                }
+            ]
+            sub["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+            monitor = with_admin_access(claim("monitor", [("gpu", OTHER)]))
+            errors = await prepare_each(node, [forged, sub, monitor], batch=True)
+            assert errors[0] == (
+                f"ResourceClaim default/forged: {RESULT}[0].adminAccess: request 'gpu' of"
+                " spec.devices.requests does not ask for admin access"
+            )
+            assert errors[1].startswith(f"ResourceClaim default/sub: {RESULT}[0].adminAccess:")
+            assert errors[2] == ""
+            assert failures(node, "invalid-config") == 2
+            assert sorted(c["name"] for c in saved_claims(node).values()) == ["monitor", "owner"]
+
+    run(body)
+
+
+def test_a_share_id_on_a_gpu_not_published_shareable_is_refused() -> None:
+    """Without memory shares a share ID limits nothing: two claims each with its own would hold
+    one GPU uncapped."""
+
+    async def body() -> None:
+        async with running_driver() as node:
+            first = shared("first", (WHOLE, SHARES[0], ""))
+            second = shared("second", (WHOLE, SHARES[1], ""))
+            errors = await prepare_each(node, [first, second], batch=True)
+            for name, error in zip(("first", "second"), errors, strict=True):
+                assert error == (
+                    f"ResourceClaim default/{name}: {RESULT}[0].shareID: {WHOLE} is not"
+                    " published shareable (this driver runs without --gpu-sharing memory)"
+                )
+            assert failures(node, "invalid-config") == 2
+            assert saved_claims(node) == {} and not list(node.cdi_dir.glob("*.json"))
+
+    run(body)
+
+
+def test_a_share_of_a_gpu_published_beside_its_dynamic_partitions_is_refused() -> None:
+    """With dynamic MIG a partitionable GPU is published whole and not shareable, even with
+    memory shares on: the scheduler never makes a share of it, so Prepare refuses one."""
+
+    async def body() -> None:
+        async with running_driver(
+            DYNAMIC, library=True, mig_mode="dynamic", gpu_sharing="memory"
+        ) as node:
+            (error,) = await prepare_each(node, [shared("s", ("gpu-0", SHARES[0], "1Gi"))], True)
+            assert error == (
+                f"ResourceClaim default/s: {RESULT}[0].shareID: gpu-0 is not published shareable"
+                " (with --mig-mode dynamic a partitionable GPU is published whole beside its MIG"
+                " partitions, never in shares)"
+            )
+            assert saved_claims(node) == {}
+
+    run(body)
+
+
+def test_a_share_checkpointed_without_its_size_counts_as_the_whole_gpu() -> None:
+    """A share an earlier driver prepared without recording `memoryShare` holds all of its GPU
+    until it is unprepared."""
+
+    async def body() -> None:
+        async with running_driver(gpu_sharing="memory") as node:
+            (old,) = await prepare_each(node, [shared("old", (WHOLE, SHARES[0], QUARTER))], True)
+            assert old == ""
+            path = node.kubelet_root / "plugins" / DRIVER / "checkpoint.json"
+            document = json.loads(path.read_text())
+            for entry in document["data"]["claims"].values():
+                for device in entry["devices"]:
+                    del device["memoryShare"]
+            document["checksum"] = checksum(document["data"])
+            path.write_text(json.dumps(document))
+            (error,) = await prepare_each(node, [shared("new", (WHOLE, SHARES[1], "1Gi"))], True)
+            assert error == (
+                f"ResourceClaim default/new: {RESULT}[0].consumedCapacity.memory: a share of"
+                f" 1024 MiB of {WHOLE} would bring its prepared shares to"
+                f" {WHOLE_GPU.memory_mib + 1024} MiB, more than its memory"
+                f" ({WHOLE_GPU.memory_mib} MiB; held by ResourceClaim default/old, whose share's"
+                " size was not recorded: counted as all of it)"
+            )
+            # saved again with another claim, the share stays unsized
+            (ok,) = await prepare_each(node, [claim("elsewhere", [("gpu", OTHER)])], True)
+            assert ok == ""
+            old_entry = next(c for c in saved_claims(node).values() if c["name"] == "old")
+            assert "memoryShare" not in old_entry["devices"][0]
+            (again,) = await prepare_each(node, [shared("again", (WHOLE, SHARES[2], "1Gi"))], True)
+            assert "whose share's size was not recorded" in again, again
+            assert failures(node, "overcommit") == 2
+
+    run(body)
+
+
+# --- a claim shaped as no one would write -------------------------------------------------------
+
+
+def test_a_malformed_claim_fails_alone_naming_its_field() -> None:
+    """Claims whose status is not the shape Kubernetes serves (laid into the stand-in's store
+    past its validation): each fails with the field named, the batch's good claim prepares."""
+
+    def spoiled(status: Any) -> Any:
+        return lambda body: body.update(status=status)
+
+    def allocated(devices: Any) -> Any:
+        return lambda body: body["status"]["allocation"].update(devices=devices)
+
+    def result(value: Any) -> Any:
+        return lambda body: body["status"]["allocation"]["devices"]["results"].append(value)
+
+    spoils = {
+        "devices": (allocated("x"), "status.allocation.devices: not an object (a str)"),
+        "result": (result("x"), f"{RESULT}[1]: not an object (a str)"),
+        "results": (allocated({"results": {"a": 1}}), f"{RESULT}: not a list"),
+        "status": (spoiled(["x"]), "status: not an object (a list)"),
+        "metadata": (lambda body: body.update(metadata="x"), "cannot be read: AttributeError"),
+    }
+
+    async def body() -> None:
+        async with running_driver() as node:
+            refs = [node.add_claim(claim(name, [("gpu", WHOLE)])) for name in [*spoils, "good"]]
+            for name, (spoil, _) in spoils.items():
+                spoil(node.server.claims[("default", name)])
+            done = await node.watcher.prepare(DRIVER, refs)
+            errors = [done.claims[uid].error for _, _, uid in refs]
+            for error, (name, (_, why)) in zip(errors, spoils.items(), strict=False):
+                assert error.startswith(f"ResourceClaim default/{name}"), error
+                assert why in error, error
+            assert errors[-1] == ""
+            assert failures(node, "invalid-config") == len(spoils)
+            assert [c["name"] for c in saved_claims(node).values()] == ["good"]
 
     run(body)

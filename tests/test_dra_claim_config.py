@@ -15,7 +15,15 @@ import pytest
 from deviceplugin.dra.opaque import API_VERSION, NVIDIA_API_VERSION
 from deviceplugin.model.slices import device_name
 from tests.dranode import inventory
-from tests.draplugin import DRIVER, PRESET, claim, resolve, run, running_driver
+from tests.draplugin import (
+    DRIVER,
+    PRESET,
+    claim,
+    resolve,
+    run,
+    running_driver,
+    with_admin_access,
+)
 
 FOUND = inventory(PRESET)
 WHOLE = [device_name(gpu, None) for gpu in FOUND.gpus if not gpu.mig_enabled]
@@ -27,6 +35,12 @@ SHARES = ("5f0c2a8e-1b3d-4e6f-8a9b-0c1d2e3f4a5b", "6a1d3b9f-2c4e-4f70-9bac-1d2e3
 
 def env_key(device: str) -> str:
     return "DRA_" + device.upper().replace("-", "_")
+
+
+def memory_share(name: str, device: str, share_id: str) -> dict[str, Any]:
+    """A claim allocated a 1 GiB memory share of `device` (`--gpu-sharing memory`)."""
+    body = claim(name, [("gpu", device)])
+    return configured(body, shareID=share_id, consumedCapacity={"memory": "1Gi"})
 
 
 def gpu_config(interval: str | None = None, api_version: str = API_VERSION) -> dict[str, Any]:
@@ -217,10 +231,11 @@ def test_admin_access_gets_the_device_as_it_is_beside_the_claim_that_owns_it() -
                 )
             )
             monitor = node.add_claim(
-                configured(
-                    claim("monitor", [("gpu", WHOLE[0])], namespace="monitoring"),
-                    ("FromClaim", [], gpu_config("Long")),  # not applied to a monitor
-                    adminAccess=True,
+                with_admin_access(
+                    configured(
+                        claim("monitor", [("gpu", WHOLE[0])], namespace="monitoring"),
+                        ("FromClaim", [], gpu_config("Long")),  # not applied to a monitor
+                    )
                 )
             )
             response = await node.watcher.prepare(DRIVER, [owner, monitor])
@@ -243,9 +258,9 @@ def test_admin_access_gets_the_device_as_it_is_beside_the_claim_that_owns_it() -
 
 def test_shares_of_one_device_get_their_own_cdi_devices_and_v1_names_the_share() -> None:
     async def body() -> None:
-        async with running_driver() as node:
+        async with running_driver(gpu_sharing="memory") as node:
             refs = [
-                node.add_claim(configured(claim(f"share-{n}", [("gpu", WHOLE[0])]), shareID=s))
+                node.add_claim(memory_share(f"share-{n}", WHOLE[0], s))
                 for n, s in enumerate(SHARES)
             ]
             v1 = await node.watcher.prepare(DRIVER, refs, version="v1.DRAPlugin")
@@ -260,7 +275,7 @@ def test_shares_of_one_device_get_their_own_cdi_devices_and_v1_names_the_share()
             assert "share_id" not in device.DESCRIPTOR.fields_by_name  # v1beta1 cannot say it
             assert list(device.cdi_device_ids) == [f"{KIND}={refs[0][2]}-{WHOLE[0]}-{SHARES[0]}"]
 
-            bad = node.add_claim(configured(claim("bad-share", [("gpu", WHOLE[1])]), shareID="s1"))
+            bad = node.add_claim(memory_share("bad-share", WHOLE[1], "s1"))
             error = (await node.watcher.prepare(DRIVER, [bad])).claims[bad[2]].error
             assert error.startswith(
                 "ResourceClaim default/bad-share: status.allocation.devices.results[0].shareID:"
@@ -270,16 +285,14 @@ def test_shares_of_one_device_get_their_own_cdi_devices_and_v1_names_the_share()
     run(body)
 
 
-def test_a_device_is_prepared_for_one_claim_unless_admin_access_or_share_ids_share_it() -> None:
+def test_a_device_is_prepared_for_one_claim_unless_admin_access_or_shares_share_it() -> None:
     async def body() -> None:
-        async with running_driver() as node:
+        async with running_driver(gpu_sharing="memory") as node:
             owner = node.add_claim(claim("owner", [("gpu", WHOLE[0])]))
             taken = node.add_claim(claim("taken", [("gpu", WHOLE[0])]))
-            monitor = node.add_claim(
-                configured(claim("monitor", [("gpu", WHOLE[0])]), adminAccess=True)
-            )
+            monitor = node.add_claim(with_admin_access(claim("monitor", [("gpu", WHOLE[0])])))
             shares = [
-                node.add_claim(configured(claim(f"share-{n}", [("gpu", WHOLE[1])]), shareID=s))
+                node.add_claim(memory_share(f"share-{n}", WHOLE[1], s))
                 for n, s in enumerate([SHARES[0], SHARES[1], SHARES[0]])
             ]
             response = await node.watcher.prepare(DRIVER, [owner, taken, monitor, *shares])
@@ -288,40 +301,17 @@ def test_a_device_is_prepared_for_one_claim_unless_admin_access_or_share_ids_sha
                 "ResourceClaim default/taken: status.allocation.devices.results[0]:"
                 f" {WHOLE[0]} is already prepared for ResourceClaim"
                 " default/owner; claims share a device only with admin access or each with its"
-                " own share ID"
+                " own memory share"
             )
             assert errors[shares[2][2]].endswith(
                 f"{WHOLE[1]} is already prepared for ResourceClaim default/share-0; claims share"
-                " a device only with admin access or each with its own share ID"
+                " a device only with admin access or each with its own memory share"
             )
             assert {uid for uid, error in errors.items() if error} == {taken[2], shares[2][2]}
             assert len(list(node.cdi_dir.glob("*.json"))) == 4
 
             await node.watcher.unprepare(DRIVER, [owner])
             assert (await node.watcher.prepare(DRIVER, [taken])).claims[taken[2]].error == ""
-
-    run(body)
-
-
-def test_a_gpu_runs_one_time_slice_a_claim_asking_another_is_refused_naming_both() -> None:
-    async def body() -> None:
-        async with running_driver() as node:
-
-            def sliced(name: str, interval: str, share: str) -> tuple[str, str, str]:
-                body = claim(name, [("gpu", WHOLE[0])])
-                entry = ("FromClaim", ["gpu"], gpu_config(interval))
-                return node.add_claim(configured(body, entry, shareID=share))
-
-            first = sliced("first", "Short", SHARES[0])
-            assert (await node.watcher.prepare(DRIVER, [first])).claims[first[2]].error == ""
-            clash = sliced("clash", "Long", SHARES[1])
-            error = (await node.watcher.prepare(DRIVER, [clash])).claims[clash[2]].error
-            assert error == (
-                "ResourceClaim default/clash: status.allocation.devices.config[0] asks time slice"
-                f" Long for {WHOLE[0]}, which runs Short for ResourceClaim default/first"
-            )
-            await node.watcher.unprepare(DRIVER, [first])
-            assert (await node.watcher.prepare(DRIVER, [clash])).claims[clash[2]].error == ""
 
     run(body)
 

@@ -7,24 +7,29 @@ refusal names the claim, the result's field and the device, and the other claim 
 one:
 
 - a memory share is at most the device's memory, and the shares prepared on a device sum to at
-  most its memory (`OVERCOMMIT`);
+  most its memory, a share the checkpoint holds no size for counting as all of it
+  (`OVERCOMMIT`);
 - a share ID names one share of one device: it never appears for two devices, and a claim holds
   a device (or a share of it) once, since its containers get one cap per GPU (`OVERLAP`);
 - a device is prepared for another claim only when both may share it (admin access, or each
-  its own share ID), with one time slice and MPS on it or not (`OVERLAP`, `TIME_SLICE`,
-  `MIXED_SHARING`);
-- a GPU goes whole (or in shares) or as MIG devices, never both to different claims: a whole
-  GPU never alongside a static MIG device or a dynamic partition of it (`OVERLAP`);
+  its own memory share: a share ID without one permits nothing), with MPS on it or not
+  (`OVERLAP`, `MIXED_SHARING`);
+- a GPU goes whole (or in shares) or as MIG devices, never both, in one claim or across claims:
+  a whole GPU never alongside a static MIG device or a dynamic partition of it (`OVERLAP`);
 - the dynamic partitions of one GPU never overlap, in one claim or across claims (`OVERLAP`).
 
 Admin access is a monitor: it neither holds a device against others nor counts in their shares.
+A result has it only when the claim's spec asked for it (`admin_requests`), which the API server
+admits only in a namespace an administrator labelled; whoever writes the status could set it on
+any result.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
-from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
+from deviceplugin.dra.checkpoint import UNSIZED, PreparedClaim, PreparedDevice
 from deviceplugin.dra.mpsclient import MIB, mixing_problem
 from deviceplugin.model.memoryshares import MEMORY
 from deviceplugin.model.record import record
@@ -33,7 +38,6 @@ RESULTS_PATH = "status.allocation.devices.results"
 
 # Why a claim could not be prepared: the `reason` label of the failure metric.
 OVERLAP = "overlap"  # the device, or part of its GPU, is prepared for another claim
-TIME_SLICE = "time-slice"  # another time slice than the GPU runs
 MIXED_SHARING = "mixed-sharing"  # MPS and not on one device
 OVERCOMMIT = "overcommit"  # memory shares past the device's memory
 
@@ -109,41 +113,35 @@ def _problems(one: Asked, held: Sequence[_Held], own: Sequence[_Held]) -> Iterat
     for other in held:
         yield from _neighbour(one, other)
     for other in everyone:
-        yield from _same_gpu(one, other, other in own)
+        yield from _same_gpu(one, other)
     if device.memory:
         yield from _sum(one, held)
 
 
 def _neighbour(one: Asked, other: _Held) -> Iterator[tuple[str, str]]:
-    """The same device prepared for another claim: only when both may share it, and a GPU has
-    one time slice and MPS on it or not."""
+    """The same device prepared for another claim: only when both may share it, with MPS on it
+    or not. (Memory shares are never time-sliced, `shares.py`, so no two claims on a device can
+    ask two time slices.)"""
     device, held = one.device, other.device
     if held.device != device.device or held.admin_access:
         return
-    if not (held.share_id and device.share_id and held.share_id != device.share_id):
+    if not (_is_share(held) and _is_share(device) and held.share_id != device.share_id):
         yield (
             f"{one.field}: {device.device} is already prepared for {other.who}; claims share a"
-            " device only"
-            " with admin access or each with its own share ID",
+            " device only with admin access or each with its own memory share",
             OVERLAP,
         )
     if mixed := mixing_problem(held.sharing, device.sharing, one.origin):
         yield f"{mixed} ({other.who})", MIXED_SHARING
-    if device.interval and held.interval not in ("", device.interval):
-        yield (
-            f"{one.origin} asks time slice {device.interval} for {device.device}, which runs"
-            f" {held.interval} for {other.who}",
-            TIME_SLICE,
-        )
 
 
-def _same_gpu(one: Asked, other: _Held, own: bool) -> Iterator[tuple[str, str]]:
-    """Another device of the same GPU: never the GPU whole beside a MIG device of it (for
-    another claim), and never an overlapping partition."""
+def _same_gpu(one: Asked, other: _Held) -> Iterator[tuple[str, str]]:
+    """Another device of the same GPU: never the GPU whole beside a MIG device of it, and
+    never an overlapping partition."""
     device, held = one.device, other.device
     if held.admin_access or held.device == device.device or gpu_of(held) != gpu_of(device):
         return
-    if not own and _is_whole(held) != _is_whole(device):
+    if _is_whole(held) != _is_whole(device):
         yield (
             f"{one.field}: {device.device} is of GPU {gpu_of(device)}, which {other.who} holds"
             f" as {held.device}: a GPU is handed out whole (or in shares) or as MIG devices,"
@@ -169,9 +167,9 @@ def _sum(one: Asked, held: Sequence[_Held]) -> Iterator[tuple[str, str]]:
     """The shares prepared on the device, this one added, fit its memory."""
     device = one.device
     shares = [h for h in held if h.device.device == device.device and not h.device.admin_access]
-    taken = sum(h.device.memory for h in shares)
+    taken = sum(one.capacity if h.device.memory == UNSIZED else h.device.memory for h in shares)
     if taken + device.memory > one.capacity:
-        holders = ", ".join(sorted({h.who for h in shares if h.device.memory}))
+        holders = ", ".join(sorted({_holder(h) for h in shares if h.device.memory}))
         yield (
             f"{one.field}.consumedCapacity.{MEMORY}: a share of {_bytes(device.memory)} of"
             f" {device.device}"
@@ -179,6 +177,32 @@ def _sum(one: Asked, held: Sequence[_Held]) -> Iterator[tuple[str, str]]:
             f" memory ({_bytes(one.capacity)}; held by {holders})",
             OVERCOMMIT,
         )
+
+
+def _holder(held: _Held) -> str:
+    if held.device.memory == UNSIZED:
+        return f"{held.who}, whose share's size was not recorded: counted as all of it"
+    return held.who
+
+
+def _is_share(device: PreparedDevice) -> bool:
+    """A memory share (sized, or recorded without its size): a share ID alone is none."""
+    return bool(device.share_id and device.memory)
+
+
+def admin_requests(claim: Mapping[str, Any]) -> frozenset[str]:
+    """The names of the claim's requests whose spec asks admin access (`exactly.adminAccess`
+    in resource.k8s.io/v1). A `firstAvailable` subrequest (`main/sub`) cannot ask it: its API
+    has no such field, and Kubernetes' allocator grants it none."""
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    asked = set()
+    for request in requests if isinstance(requests, list) else []:
+        exactly = request.get("exactly") if isinstance(request, Mapping) else None
+        if isinstance(exactly, Mapping) and exactly.get("adminAccess") is True:
+            asked.add(str(request.get("name", "")))
+    return frozenset(asked)
 
 
 def gpu_of(device: PreparedDevice) -> str:

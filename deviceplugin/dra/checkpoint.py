@@ -13,7 +13,8 @@ Each claim has a `state`: `PrepareStarted` while its CDI spec is being written, 
 `PrepareCompleted`, so a crash in between is found and undone at start-up. `bootID` is the
 node's boot that wrote the file: prepared state does not survive a reboot. Each device also
 records how it was set up, each key only when set (`adminAccess`, `shareID`, `sharing`,
-`timeSliceInterval`, `memoryShare`: the bytes of its memory share, which admission sums,
+`timeSliceInterval`, `memoryShare`: the bytes of its memory share, which admission sums (a
+share ID recorded without it, by an earlier driver, is `UNSIZED`),
 `mpsDaemon` `{uuid, pipeDir, pid}`: the device's MPS control daemon, and `migPartition` for a
 dynamic MIG partition: `migrecord.py`).
 
@@ -55,6 +56,9 @@ STATES = (STARTED, COMPLETED)
 # About 15,000 claims; a node runs a few hundred pods. A larger file is not ours.
 MAX_BYTES = 8 * 1024 * 1024
 SET_ASIDE_INFIX = ".unusable-"
+# The memory of a share whose size the checkpoint does not hold (written before sizes were):
+# admission counts it as the whole device.
+UNSIZED = -1
 
 
 class CheckpointError(DevicePluginError):
@@ -84,7 +88,7 @@ class PreparedDevice:
     interval: str = ""  # the GPU's time slice when time-sliced
     partition: MigPartition | None = None  # a dynamic MIG partition this driver cuts
     mps: MpsDaemon | None = None  # with MPS sharing
-    memory: int = 0  # bytes of its memory share (`--gpu-sharing memory`), 0 for none
+    memory: int = 0  # bytes of its memory share (`--gpu-sharing memory`), 0 for none, or UNSIZED
 
 
 @record(frozen=True)
@@ -264,7 +268,7 @@ def _device_entry(device: PreparedDevice) -> dict[str, Any]:
         "shareID": device.share_id,
         "sharing": device.sharing,
         "timeSliceInterval": device.interval,
-        "memoryShare": device.memory,
+        "memoryShare": max(device.memory, 0),  # an UNSIZED share stays unsized
     }
     entry.update({key: value for key, value in optional.items() if value})
     if device.partition is not None:
@@ -284,7 +288,11 @@ def _daemon(entry: Mapping[str, Any] | None) -> MpsDaemon | None:
     return MpsDaemon(str(entry["uuid"]), str(entry["pipeDir"]), pid)
 
 
-def _memory(value: object) -> int:
+def _memory(device: Mapping[str, Any]) -> int:
+    """The share's size; UNSIZED for a share ID whose size was not recorded."""
+    if "memoryShare" not in device:
+        return UNSIZED if device.get("shareID") else 0
+    value = device["memoryShare"]
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"memoryShare {_clipped(value)} is not a number of bytes")
     return value
@@ -310,7 +318,7 @@ def _claim(entry: Mapping[str, Any]) -> PreparedClaim:
                 interval=str(d.get("timeSliceInterval", "")),
                 partition=read_partition(d["migPartition"]) if "migPartition" in d else None,
                 mps=_daemon(d.get("mpsDaemon")),
-                memory=_memory(d.get("memoryShare", 0)),
+                memory=_memory(d),
             )
             for d in entry["devices"]
         ),

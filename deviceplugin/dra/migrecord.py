@@ -33,10 +33,6 @@ class MigPartition:
     uuid: str = ""
     enabled_mig_mode: bool = False
 
-    @property
-    def cut(self) -> bool:
-        return self.gpu_instance >= 0 and self.compute_instance >= 0
-
     def __str__(self) -> str:
         return f"{self.gpu} profile {self.profile_id} at {self.start}+{self.size}"
 

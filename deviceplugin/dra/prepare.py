@@ -52,7 +52,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from deviceplugin.dra.admission import RESULTS_PATH, Asked, refusal
+from deviceplugin.dra.admission import RESULTS_PATH, Asked, admin_requests, refusal
 from deviceplugin.dra.checkpoint import (
     COMPLETED,
     STARTED,
@@ -86,7 +86,14 @@ from deviceplugin.dra.opaque import (
     settings_for,
 )
 from deviceplugin.dra.opaquetypes import OpaqueConfigError
-from deviceplugin.dra.shares import ShareError, refuse_time_slicing, share_limit
+from deviceplugin.dra.shares import (
+    BESIDE_PARTITIONS,
+    MIG_FIXED,
+    NO_MEMORY_SHARES,
+    ShareError,
+    refuse_time_slicing,
+    share_limit,
+)
 from deviceplugin.model.cdi import (
     CdiError,
     CdiOptions,
@@ -98,7 +105,7 @@ from deviceplugin.model.cdi import (
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice, MigProfile
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.kubenames import dns_label_problem, dns_subdomain_problem, uid_problem
-from deviceplugin.model.log import log_event
+from deviceplugin.model.log import log_event, log_exception
 from deviceplugin.model.memoryshares import MEMORY, MEMORY_LIMIT_ENV
 from deviceplugin.model.migpartitions import partition_name, partitionable, partitions
 from deviceplugin.model.record import record
@@ -122,7 +129,7 @@ NOT_FOUND = "not-found"
 API_ERROR = "api-error"
 RECREATED = "recreated"  # another UID than the kubelet's
 NOT_ALLOCATED = "not-allocated"
-INVALID_CONFIG = "invalid-config"  # opaque config, a share ID
+INVALID_CONFIG = "invalid-config"  # opaque config, a share ID, admin access, a malformed claim
 UNKNOWN_DEVICE = "unknown-device"
 HOST_FILES = "host-files"  # the device's CDI edits cannot be built
 CDI_SPEC = "cdi-spec"  # the spec cannot be written
@@ -203,6 +210,19 @@ class NodeDevices:
     @property
     def cdi(self) -> tuple[HostScan, CdiOptions]:
         return self.scan, self.options
+
+    def not_shareable(self, name: str) -> str:
+        """Why device `name` takes no memory share, as the slices publish it
+        (`slices._shareable`: a whole GPU, with memory shares, not beside dynamic partitions);
+        "" when it takes one."""
+        found = self.by_name.get(name)
+        if found is None or found[1] is not None:
+            return MIG_FIXED  # a MIG device, or a dynamic partition
+        if not self.memory_shares:
+            return NO_MEMORY_SHARES
+        if any(gpu.uuid == found[0].uuid for gpu, *_ in self.partitions.values()):
+            return BESIDE_PARTITIONS
+        return ""
 
     @classmethod
     def build(
@@ -401,6 +421,10 @@ class Preparer:
                     except PrepareError as err:
                         _log_failed(ref, ref.uid, str(err))
                         outcomes[ref.uid] = Outcome(error=str(err), reason=err.reason)
+                    except Exception as err:  # planning writes nothing: the claim fails alone
+                        log_exception(logger, "dra.claim.unreadable", claim=str(ref), uid=ref.uid)
+                        why = f"ResourceClaim {ref} cannot be read: {type(err).__name__}: {err}"
+                        outcomes[ref.uid] = Outcome(error=why, reason=INVALID_CONFIG)
                 if fresh and self._mps is not None:
                     fresh = await self._attach(fresh, outcomes)
                 if fresh:
@@ -586,8 +610,10 @@ class Preparer:
         """The claim's config entries of this driver, read in a worker thread within
         CONFIG_SECONDS: a claim written to be expensive holds up neither the event loop nor
         the other claims (a thread past its deadline is left to end; its answer is dropped)."""
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        allocated = allocation.get("devices") or {}
+        try:
+            allocated = _allocated(ref, claim) or {}
+        except PrepareError as err:
+            return err
         read = asyncio.to_thread(read_entries, allocated, self.driver)
         try:
             return await asyncio.wait_for(read, CONFIG_SECONDS)
@@ -610,19 +636,19 @@ class Preparer:
                 f"ResourceClaim {ref} has UID {uid}, not {ref.uid}: it was deleted and re-created",
                 RECREATED,
             )
-        allocation = (claim.get("status") or {}).get("allocation")
-        if not allocation:
+        allocated = _allocated(ref, claim)
+        if allocated is None:
             raise PrepareError(f"ResourceClaim {ref} is not allocated", NOT_ALLOCATED)
-        allocated = allocation.get("devices") or {}
         if isinstance(entries, PrepareError):
             raise entries
+        admin = admin_requests(claim)
         devices: list[PreparedDevice] = []
         asked: list[Asked] = []
         edits: dict[str, JsonObject] = {}
         for index, result in enumerate(allocated.get("results") or []):
             if result.get("driver") != self.driver:
                 continue
-            one, cdi_name, device_edits = self._result(ref, index, result, entries, others)
+            one, cdi_name, device_edits = self._result(ref, index, result, entries, admin, others)
             device = one.device
             edits.setdefault(cdi_name, device_edits)
             first = next((d for d in devices if d.mps is not None), None)
@@ -645,13 +671,15 @@ class Preparer:
         index: int,
         result: JsonObject,
         entries: Sequence[ConfigEntry],
+        admin_asked: frozenset[str],
         others: Mapping[str, PreparedClaim],
     ) -> tuple[Asked, str, JsonObject]:
         """One allocation result of ours: the device as the kubelet is told of it (with what
-        admission checks of it), its CDI device name and edits; `others` are the claims prepared
-        so far (for its MPS daemon's namespace). Admin access gets the device as it is (no
-        sharing settings: a monitor must not change how others share it); a share ID names its
-        own CDI device."""
+        admission checks of it), its CDI device name and edits; `admin_asked` are the requests
+        whose spec asks admin access, `others` the claims prepared so far (for its MPS daemon's
+        namespace). Admin access, taken only where the spec asked for it, gets the device as it
+        is (no sharing settings: a monitor must not change how others share it); a share ID
+        names its own CDI device."""
         name, pool = str(result.get("device", "")), str(result.get("pool", ""))
         request = str(result.get("request", ""))
         found = self._devices.by_name.get(name) if pool == self.pool else None
@@ -676,6 +704,12 @@ class Preparer:
                 f"ResourceClaim {ref}: {RESULTS_PATH}[{index}].shareID: {problem}", INVALID_CONFIG
             )
         admin = result.get("adminAccess") is True
+        if admin and request not in admin_asked:
+            raise PrepareError(
+                f"ResourceClaim {ref}: {RESULTS_PATH}[{index}].adminAccess: request"
+                f" {request!r} of spec.devices.requests does not ask for admin access",
+                INVALID_CONFIG,
+            )
         try:
             mig = found[1] is not None or cutting is not None
             settings = EXCLUSIVE if admin else settings_for(entries, request, name, mig)
@@ -683,7 +717,7 @@ class Preparer:
             raise PrepareError(f"ResourceClaim {ref}: {err}", INVALID_CONFIG) from err
         where = f"ResourceClaim {ref}: {RESULTS_PATH}[{index}]"
         try:
-            limit = share_limit(result, name, mig, self._devices.memory_shares)
+            limit = share_limit(result, name, self._devices.not_shareable(name))
             refuse_time_slicing(limit, settings.sharing, settings.origin)
         except ShareError as err:
             raise PrepareError(f"{where}{err}", INVALID_CONFIG) from err
@@ -937,6 +971,33 @@ class Preparer:
 async def _both(lock: asyncio.Lock, node_lock: NodeLock) -> AsyncIterator[None]:
     async with lock, node_lock.held():
         yield
+
+
+def _allocated(ref: ClaimRef, claim: JsonObject) -> JsonObject | None:
+    """The claim's `status.allocation.devices` ({} when it has none), None when it is not
+    allocated; each level an object and each result too. Raises PrepareError naming the
+    field that is not."""
+    _must_be_object(ref, "the API server's answer", claim)
+    status = claim.get("status") or {}
+    _must_be_object(ref, "status", status)
+    allocation = status.get("allocation")
+    if not allocation:
+        return None
+    _must_be_object(ref, "status.allocation", allocation)
+    devices = allocation.get("devices") or {}
+    _must_be_object(ref, "status.allocation.devices", devices)
+    results = devices.get("results") or []
+    if not isinstance(results, list):
+        raise PrepareError(f"ResourceClaim {ref}: {RESULTS_PATH}: not a list", INVALID_CONFIG)
+    for index, result in enumerate(results):
+        _must_be_object(ref, f"{RESULTS_PATH}[{index}]", result)
+    return devices
+
+
+def _must_be_object(ref: ClaimRef, field: str, value: object) -> None:
+    if not isinstance(value, dict):
+        why = f"not an object (a {type(value).__name__})"
+        raise PrepareError(f"ResourceClaim {ref}: {field}: {why}", INVALID_CONFIG)
 
 
 def _with_partitions(claim: PreparedClaim, partitions: Sequence[MigPartition]) -> PreparedClaim:

@@ -5,7 +5,8 @@ The container learns its share through `NVIDIA_GPU_MEMORY_LIMIT` (bytes), the va
 NVIDIA container toolkit's `apply-cuda-memory-limits` CDI hook reads. Only a whole GPU published
 shareable takes a memory share: a MIG device has a fixed size (no share of any kind), and a
 device published whole has no capacity to hand out, so a result that says otherwise was not
-allocated from our slices.
+allocated from our slices. A share ID is refused on either as well: without a memory share
+it would let two claims hold one device uncapped.
 Time-slicing a shared GPU is refused: it would set the scheduling of a GPU whose other shares
 belong to other claims.
 """
@@ -19,27 +20,28 @@ from deviceplugin.dra.opaquetypes import TIME_SLICING
 from deviceplugin.model.memoryshares import MEMORY
 from deviceplugin.model.quantity import parse_quantity
 
+MIG_FIXED = "is a MIG device, whose size is fixed: not shareable"
+NO_MEMORY_SHARES = "is not published shareable (this driver runs without --gpu-sharing memory)"
+BESIDE_PARTITIONS = (
+    "is not published shareable (with --mig-mode dynamic a partitionable GPU is published whole"
+    " beside its MIG partitions, never in shares)"
+)
+
 
 class ShareError(ValueError):
     """A share Prepare refuses; the message starts with the result's field (`.shareID`...)."""
 
 
-def share_limit(result: Mapping[str, Any], device: str, is_mig: bool, shares: bool) -> int | None:
-    """The memory (bytes) the result's share may use; None when it has no memory share."""
+def share_limit(result: Mapping[str, Any], device: str, not_shareable: str) -> int | None:
+    """The memory (bytes) the result's share may use; None when it has no memory share.
+    `not_shareable` says why the device is not published shareable ("" when it is)."""
     share = result.get("shareID")
     consumed = result.get("consumedCapacity")
     if not share and consumed is None:
         return None
-    if is_mig:
+    if not_shareable:
         field = ".shareID" if share else ".consumedCapacity"
-        raise ShareError(f"{field}: {device} is a MIG device, whose size is fixed: not shareable")
-    if not shares:
-        if consumed is None:
-            return None  # a share ID alone names its CDI device, and limits nothing
-        raise ShareError(
-            f".consumedCapacity: {device} is not published shareable (this driver runs"
-            " without --gpu-sharing memory)"
-        )
+        raise ShareError(f"{field}: {device} {not_shareable}")
     if not isinstance(consumed, Mapping) or MEMORY not in consumed:
         raise ShareError(f".consumedCapacity.{MEMORY}: required for a share of {device}")
     try:
