@@ -11,6 +11,7 @@ for `serve` after 2,000 Allocates too. Times are the benchmark's (`make bench`),
 from __future__ import annotations
 
 import asyncio
+import compileall
 import os
 import re
 import shutil
@@ -21,9 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import pytest
 from draplugin import DRIVER, published, short_dir, start_serve
 from harness import GPU, run
 
+import deviceplugin
 from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.demos.plugin import SEED_CONFIG, write_configmap
 from deviceplugin.sim.apiserver import ApiServer
@@ -193,6 +196,14 @@ def _write_modules(*_):
 
 signal.signal(signal.SIGUSR1, _write_modules)
 """
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bytecode() -> None:
+    """The package's bytecode, written as `make test` writes it first: a daemon that has to
+    compile its modules itself (PYTHONDONTWRITEBYTECODE set, or sources newer than their
+    bytecode) weighs about 5 MiB more, the compiler's memory rather than the daemon's."""
+    compileall.compile_dir(Path(deviceplugin.__file__).parent, quiet=1)
 
 
 @dataclass
