@@ -11,10 +11,14 @@ import json
 import shutil
 import signal
 
+import pytest
+from test_sim_library import sim_root
+
 from deviceplugin.sim.apiserver import ApiServer
 from deviceplugin.sim.pluginwatcher import PluginWatcher
 from tests.draplugin import (
     DRIVER,
+    PRESET,
     claim,
     published,
     resolve,
@@ -78,6 +82,42 @@ def test_dra_serve_registers_publishes_prepares_and_stops_cleanly_on_sigterm() -
             assert not plugin.socket.exists()
             await watcher.wait_deregistered(DRIVER)
             assert "dra.stopped" in log
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            await watcher.stop()
+            await server.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize("mps", [True, False], ids=["mps-control", "no-mps-control"])
+def test_a_kubelet_root_too_long_for_an_mps_control_socket_exits_2_naming_it(mps: bool) -> None:
+    """The driver's own sockets fit; `<root>/plugins/<driver>/mps/<device>/pipe/control` for
+    the longest published device name does not. A driver root with no MPS control program runs
+    no daemon, so there the root serves."""
+
+    async def body() -> None:
+        root = short_dir()
+        server = ApiServer()
+        await server.start()
+        kubelet = root / "k".ljust(62 - len(str(root)), "k")  # 62 bytes: dra.sock fits in 95
+        watcher = PluginWatcher(kubelet)
+        await watcher.start()
+        env = {"NVIDIA_DRIVER_ROOT": str(sim_root(PRESET, root / "driver"))} if mps else {}
+        process = await start_serve(root, server.url, kubelet, **env)
+        try:
+            if not mps:
+                await watcher.wait_registered(DRIVER, START_TIMEOUT)
+                return
+            code = await asyncio.wait_for(process.wait(), START_TIMEOUT)
+            assert process.stderr is not None
+            log = (await process.stderr.read()).decode()
+            assert code == 2, log
+            assert "--kubelet-root / DP_KUBELET_ROOT: too long for the MPS control socket" in log
+            assert "bytes long; a unix socket path holds at most 107" in log, log
         finally:
             if process.returncode is None:
                 process.kill()
