@@ -21,9 +21,9 @@
  * another pod's cgroup that still exists is refused: two pods would get it twice.
  *
  * Before the limit is set, a record of it (RECORDS/<claim>_<share>_<hash of GPU and cgroup>.json:
- * claim, share, gpu, nameSpace, limit) is written atomically, under RECORDS/.lock, so the
- * driver's Unprepare (after any restart) sets back exactly the limits set and none is left
- * untracked; a failed set removes its record. Exit 0 when the limit is set; else 1 with a message
+ * claim, share, gpu, nameSpace, limit) is written atomically, under RECORDS/.lock (an flock
+ * the driver's Unprepare takes too), so Unprepare (after any restart) sets back exactly the
+ * limits set and none is left untracked; a failed set removes its record. Exit 0 when the limit is set; else 1 with a message
  * on stderr (runc then fails the create).
  *
  * For tests, DEVICEPLUGIN_HOOK_PROC and DEVICEPLUGIN_HOOK_CGROUPFS stand for /proc and
@@ -62,29 +62,18 @@ typedef struct {
     unsigned long long limit;
 } limit_record;
 
-static void say(const char *format, va_list args) {
-    fputs("memory-limit-hook: ", stderr);
-    vfprintf(stderr, format, args);
-    fputc('\n', stderr);
-}
-
-/* A message on stderr that does not fail the hook. */
+/* A message on stderr; `fail` says it and gives the hook's failing exit status. */
 static void note(const char *format, ...) __attribute__((format(printf, 1, 2)));
 static void note(const char *format, ...) {
     va_list args;
     va_start(args, format);
-    say(format, args);
+    fputs("memory-limit-hook: ", stderr);
+    vfprintf(stderr, format, args);
+    fputc('\n', stderr);
     va_end(args);
 }
 
-static int fail(const char *format, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *format, ...) {
-    va_list args;
-    va_start(args, format);
-    say(format, args);
-    va_end(args);
-    return 1;
-}
+#define fail(...) (note(__VA_ARGS__), 1)
 
 /* A claim UID or share ID: it names the record file. */
 static int plain_name(const char *text) {
