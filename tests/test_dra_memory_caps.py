@@ -8,15 +8,22 @@ at Prepare."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_sim_library_memory_limits import GIB
 
-from deviceplugin.dra.memorylimits import HOOK_FILE, RECORDS_DIR
+from deviceplugin.dra.memorylimits import HOOK_FILE, LOCK_FILE, RECORDS_DIR, clear_claim
+from deviceplugin.model.log import FIELDS
 from deviceplugin.model.slices import device_name
 from deviceplugin.sim.hostroot import LIBRARY_DIR
 from tests.dranode import inventory
@@ -182,3 +189,65 @@ def test_unprepare_leaves_a_pod_what_another_claims_share_holds(tmp_path: Path) 
             assert cap(node, view.pod(OTHER_POD)) is None
 
     run(body)
+
+
+CLAIM = "0b5a7c2e-1f3d-4e6a-9b8c-7d6e5f4a3b2c"
+OTHER_CLAIM = "9e8d7c6b-5a49-4382-a716-f5e4d3c2b1a0"
+
+
+def write_record(records: Path, claim_uid: str, cgroup: str, limit: int) -> Path:
+    path = records / f"{claim_uid}_{SHARE}_0.json"
+    entry = {"claim": claim_uid, "share": SHARE, "gpu": WHOLE_GPU.uuid, "nameSpace": cgroup}
+    path.write_text(json.dumps({**entry, "limit": limit}))
+    return path
+
+
+def waiting_on(lock: Path) -> bool:
+    """Whether a process waits for an flock on `lock` (/proc/locks lists a waiter with `->`)."""
+    inode = f":{lock.stat().st_ino} "
+    return any(
+        "->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines()
+    )
+
+
+def test_unprepare_takes_the_hooks_lock_before_it_reads_the_records(tmp_path: Path) -> None:
+    write_record(tmp_path, CLAIM, "/pod", GIB)
+    set_back: list[tuple[str, str, int | None]] = []
+    lock = tmp_path / LOCK_FILE
+    held = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # a hook in the middle of its records
+    results: list[str] = []
+    unprepare = threading.Thread(
+        target=lambda: results.append(
+            clear_claim(tmp_path, CLAIM, lambda *args: set_back.append(args))
+        )
+    )
+    try:
+        unprepare.start()
+        for _ in range(6000):  # bounded: until the Unprepare waits on the lock
+            if waiting_on(lock):
+                break
+            time.sleep(0.01)
+        assert waiting_on(lock), "Unprepare does not wait for the hooks' lock"
+        assert set_back == [] and unprepare.is_alive()
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        os.close(held)
+        unprepare.join(60)
+    assert results == [""]
+    assert set_back == [(WHOLE_GPU.uuid, "/pod", None)]
+
+
+def test_unprepare_logs_and_skips_another_claims_unreadable_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_record(tmp_path, CLAIM, "/pod", GIB)
+    broken = tmp_path / f"{OTHER_CLAIM}_{SHARE}_0.json"
+    broken.write_text('{"claim": "')  # cut short
+    set_back: list[tuple[str, str, int | None]] = []
+    with caplog.at_level(logging.WARNING, logger="deviceplugin.dra.memorylimits"):
+        assert clear_claim(tmp_path, CLAIM, lambda *args: set_back.append(args)) == ""
+    assert set_back == [(WHOLE_GPU.uuid, "/pod", None)]
+    (logged,) = [r for r in caplog.records if r.getMessage() == "dra.limit_record.unreadable"]
+    assert getattr(logged, FIELDS)["path"] == str(broken)
+    assert broken.exists()

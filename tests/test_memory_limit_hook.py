@@ -130,6 +130,12 @@ def test_a_library_without_the_call_fails_the_hook(root: Path, view: HookView) -
         pytest.param(
             f"kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/c1", id="systemd-guaranteed"
         ),
+        pytest.param(
+            "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+            f"kubelet-kubepods-besteffort-pod{POD.replace('-', '_')}.slice/cri-containerd-c1.scope",
+            id="systemd-cgroup-root",
+        ),
+        pytest.param(f"kubelet/kubepods/burstable/pod{POD}/c1", id="cgroupfs-cgroup-root"),
     ],
 )
 def test_a_pods_cgroup_is_found_as_either_cgroup_driver_names_it(
@@ -142,10 +148,37 @@ def test_a_pods_cgroup_is_found_as_either_cgroup_driver_names_it(
     assert [r["nameSpace"] for r in records(root)] == [str((view.mount / container).parent)]
 
 
+SYSTEMD_POD = POD.replace("-", "_")
+
+
+@pytest.mark.parametrize(
+    "container",
+    [
+        pytest.param("kubepods/burstable/podnot-a-uid/c1", id="not-a-uid"),
+        pytest.param(f"elsewhere/pod{POD}/c1", id="cgroupfs-not-under-kubepods"),
+        pytest.param(f"kubepods/guests/pod{POD}/c1", id="cgroupfs-not-a-qos"),
+        pytest.param(
+            f"kubelet.slice/kubelet-notpods.slice/kubelet-notpods-pod{SYSTEMD_POD}.slice/c1",
+            id="systemd-no-kubepods",
+        ),
+        pytest.param(
+            f"kubepods.slice/xkubepods.slice/xkubepods-pod{SYSTEMD_POD}.slice/c1",
+            id="systemd-kubepods-not-a-component",
+        ),
+        pytest.param(
+            f"other.slice/kubepods-pod{SYSTEMD_POD}.slice/c1", id="systemd-not-in-its-slice"
+        ),
+        pytest.param(
+            f"kubepods.slice/kubepods-guests.slice/kubepods-guests-pod{SYSTEMD_POD}.slice/c1",
+            id="systemd-not-a-qos",
+        ),
+    ],
+)
 def test_a_container_whose_parent_is_no_pods_cgroup_caps_nothing(
-    root: Path, view: HookView
+    root: Path, view: HookView, container: str
 ) -> None:
-    view.enter("not-a-uid", "c1")
+    (view.mount / container).mkdir(parents=True)
+    view.claim_cgroup(container)
     done = hook(root, view, whole()[1], str(GIB))
     assert done.returncode == 1
     assert "is not in a pod's cgroup" in done.stderr, done.stderr
@@ -285,3 +318,44 @@ def test_a_share_on_two_gpus_gets_a_record_each(root: Path, view: HookView) -> N
     for uuid in uuids:
         assert hook(root, view, uuid, str(GIB)).returncode == 0
     assert sorted(r["gpu"] for r in records(root)) == sorted(uuids)
+
+
+def older_record(root: Path, name: str, **fields: Any) -> Path:
+    """A record as the hook wrote it before records were kept per pod: keyed by its container's
+    cgroup, its strings escaped as JSON escapes them."""
+    entry = {"claim": OTHER_CLAIM, "share": SHARE, "gpu": whole()[1], "limit": GIB, **fields}
+    path = root.parent / "records" / name
+    path.write_text(json.dumps(entry) + "\n")
+    return path
+
+
+def test_another_claims_record_that_cannot_be_read_is_skipped_and_named(
+    root: Path, view: HookView
+) -> None:
+    escaped = older_record(
+        root, f"{OTHER_CLAIM}_{SHARE}_0.json", nameSpace=f'{view.pod()}/c"1'
+    )  # json.dumps writes \" into the file
+    done = hook(root, view, whole()[1], str(20 * GIB))
+    assert done.returncode == 0, done.stderr
+    assert f"memory-limit-hook: skipping the record {escaped}, which cannot be read" in done.stderr
+    assert get_limits(whole()[0], view.pod()) == (20 * GIB, 20 * GIB, 0)
+    assert escaped.exists()
+
+
+def test_this_shares_record_that_cannot_be_read_still_refuses(root: Path, view: HookView) -> None:
+    older_record(root, f"{CLAIM}_{SHARE}_0.json", claim=CLAIM, nameSpace='/x/c"1')
+    done = hook(root, view, whole()[1], str(GIB))
+    assert done.returncode == 1
+    assert "of this share: it may be capped in another pod" in done.stderr, done.stderr
+
+
+def test_an_older_hooks_record_of_a_container_of_this_pod_is_the_same_pod(
+    root: Path, view: HookView
+) -> None:
+    container = view.enter(POD, "c1")
+    older_record(root, f"{CLAIM}_{SHARE}_0.json", claim=CLAIM, nameSpace=container)
+    view.enter(POD, "c2")
+    done = hook(root, view, whole()[1], str(GIB))
+    assert done.returncode == 0, done.stderr
+    assert get_limits(whole()[0], view.pod()) == (GIB, GIB, 0)
+    assert sorted(r["nameSpace"] for r in records(root)) == [view.pod(), container]

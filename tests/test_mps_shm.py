@@ -4,6 +4,7 @@ mount namespace of its own (`unshare -m`), so no mount outlives it or reaches th
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -11,6 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from deviceplugin.model.hostpaths import mps_paths
+from deviceplugin.model.mps import DaemonSpec
+from deviceplugin.node.mpsdaemon import MpsControl, MpsError
 
 AS_ROOT = os.geteuid() == 0 and shutil.which("unshare") is not None
 root_only = pytest.mark.skipif(not AS_ROOT, reason="mount namespaces need root and unshare")
@@ -122,3 +127,46 @@ def test_a_released_shm_is_unmounted_so_its_directory_can_go(tmp_path: Path) -> 
         check=True,
     )
     assert done.stdout.split() == ["True", "False", "False"], done.stderr
+
+
+RESOURCE = "nvidia.com/gpu"
+
+
+def start_in(root: Path, setting: str = "flags.mpsRoot") -> str:
+    """Why a daemon under `root` is refused before anything is made (the control program is
+    never reached: there is none)."""
+    pipe, log, shm = mps_paths(str(root), RESOURCE)
+    spec = DaemonSpec(RESOURCE, pipe, log, shm, ("GPU-x",), 100, ())
+    control = MpsControl(root / "no-control-program", setting)
+    with pytest.raises(MpsError) as refused:
+        asyncio.run(control.start(spec))
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("target", ["host-shm", "/dev/shm"])
+def test_an_shm_that_is_a_link_is_refused_naming_the_mps_root(tmp_path: Path, target: str) -> None:
+    root, host_shm = tmp_path / "mps", tmp_path / "host-shm"
+    root.mkdir()
+    host_shm.mkdir()
+    (root / "shm").symlink_to(host_shm if target == "host-shm" else Path(target))
+    why = start_in(root)
+    assert f"{RESOURCE}: flags.mpsRoot: {root / 'shm'} is a symbolic link" in why, why
+    assert list(host_shm.iterdir()) == [] and not os.path.ismount(host_shm)
+    assert not (root / "nvidia.com").exists(), "nothing made before the refusal"
+
+
+def test_a_resource_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "mps", tmp_path / "elsewhere"
+    (root / "nvidia.com").mkdir(parents=True)
+    elsewhere.mkdir()
+    (root / RESOURCE).symlink_to(elsewhere)
+    why = start_in(root, "--kubelet-root")
+    assert f"--kubelet-root: {root / RESOURCE} is a symbolic link" in why, why
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_an_mps_root_that_resolves_under_dev_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "mps"
+    root.symlink_to("/dev")
+    why = start_in(root)
+    assert "resolves to /dev/" in why and "under /dev, /proc or /sys" in why, why

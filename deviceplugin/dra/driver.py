@@ -56,6 +56,7 @@ from deviceplugin.dra.memorylimits import (
     nvml_library,
 )
 from deviceplugin.dra.migcut import ForeignInstance, MigCutter, blocked
+from deviceplugin.dra.mpsclient import DaemonHome
 from deviceplugin.dra.mpsdevices import HOMES_DIR, MpsDevices
 from deviceplugin.dra.mpstenants import MpsTenancy
 from deviceplugin.dra.plugin import DraServer
@@ -71,10 +72,12 @@ from deviceplugin.dra.slicewatch import SliceWatch
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
-from deviceplugin.model.errors import NvmlError
+from deviceplugin.model.errors import ConfigError, NvmlError
+from deviceplugin.model.hostpaths import MPS_CONTROL_SOCKET, socket_path_problem
 from deviceplugin.model.log import log_event
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostscan import scan_host
+from deviceplugin.node.mpsdaemon import control_program
 from deviceplugin.node.nvml_mig import MigControl
 from deviceplugin.ops.drametrics import DraMetrics
 from deviceplugin.ops.drastatus import DraStatus, Pool
@@ -171,6 +174,7 @@ class DraDriver:
         self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
         self._report_device_plugins()
         devices = await self._node_devices(parsed.config, inventory)
+        self._check_mps_sockets(devices)
         boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
         checkpoint = Checkpoint(
             self.dra_socket.parent / FILE_NAME, await asyncio.to_thread(read_boot_id, boot_file)
@@ -402,6 +406,26 @@ class DraDriver:
         hook = await asyncio.to_thread(self._install_hook, library)
         limited = await asyncio.to_thread(self._limited, inventory)
         return NodeDevices.build(inventory, scan, options, True, self.dynamic_mig, hook, limited)
+
+    def _check_mps_sockets(self, devices: NodeDevices) -> None:
+        """Where this driver can run MPS daemons, the control socket of the published device with
+        the longest name, `<plugin dir>/mps/<device>/pipe/control`, fits a unix socket path: one
+        that does not would fail every MPS claim of that device. Raises ConfigError naming
+        --kubelet-root."""
+        try:
+            control_program(devices.options.driver_root)
+        except ConfigError:
+            return  # no daemon can run here: Prepare refuses MPS claims, naming the driver root
+        longest = max(devices.by_name, key=len, default=None)
+        if longest is None:
+            return
+        home = DaemonHome.under(self.dra_socket.parent / HOMES_DIR, longest)
+        problem = socket_path_problem(str(Path(home.pipe_dir) / MPS_CONTROL_SOCKET))
+        if problem is not None:
+            raise ConfigError(
+                "--kubelet-root / DP_KUBELET_ROOT",
+                f"too long for the MPS control socket of device {longest}: {problem}",
+            )
 
     def _install_hook(self, library: str | None) -> LimitHook | None:
         """The memory-limit hook copied onto the host (a thread); None, logged, when it cannot

@@ -13,7 +13,9 @@ the records, so a driver that restarted in between still clears exactly what was
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import shutil
 from collections import Counter
@@ -23,10 +25,14 @@ from typing import Any
 
 from deviceplugin.model.errors import NvmlError
 from deviceplugin.model.hostpaths import host_path
+from deviceplugin.model.log import log_event
 from deviceplugin.model.record import record
+
+logger = logging.getLogger(__name__)
 
 HOOK_FILE = "memory-limit-hook"
 RECORDS_DIR = "memory-limits"
+LOCK_FILE = ".lock"  # in RECORDS_DIR: the flock memory_limit_hook.c takes (LOCK_FILE there too)
 NVML_LIBRARY = "libnvidia-ml.so."
 
 
@@ -75,15 +81,40 @@ def clear_claim(
     """Take back every cap the hook recorded for a claim, dropping each record once done: the
     cgroup's limit on the GPU becomes what other claims' records there sum to (their shares in
     the same pod), else none (`limit(gpu_uuid, cgroup, bytes or None)`). "" when none of the
-    claim's records is left, else why (the kubelet retries)."""
+    claim's records is left, else why (the kubelet retries). Under the hooks' lock, so that a
+    hook and this never set one cgroup's cap from totals the other is changing."""
+    path = records / LOCK_FILE
+    try:
+        lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        return f"locking the memory-limit records {path}: {err}"
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _clear_locked(records, claim_uid, limit)
+    finally:
+        os.close(lock)
+
+
+def _clear_locked(
+    records: Path, claim_uid: str, limit: Callable[[str, str, int | None], None]
+) -> str:
     problems, mine, others = [], [], Counter[tuple[str, str]]()
     for path in sorted(records.glob("*.json")):
         ours = path.name.startswith(f"{claim_uid}_")
         try:
             gpu, cgroup, size = _read_record(path)
         except (OSError, ValueError, KeyError, TypeError) as err:
-            if ours:  # another claim's is its own Unprepare's to report
+            if ours:
                 problems.append(f"reading the memory-limit record {path}: {err}")
+            else:  # its own Unprepare reports it; here its share is not set back
+                log_event(
+                    logger,
+                    "dra.limit_record.unreadable",
+                    logging.WARNING,
+                    path=str(path),
+                    error=str(err),
+                    detail="another claim's record, skipped: its share is not counted",
+                )
             continue
         if ours:
             mine.append((path, gpu, cgroup))

@@ -170,7 +170,7 @@ class MpsDevices:
         """Start `device`'s daemon; `fresh`: in a new home, anything left in one removed (the
         daemon a restart starts again keeps the directories its clients have mounted). Raises
         MpsError, ConfigError (no control program)."""
-        control = MpsControl(control_program(driver_root))
+        control = MpsControl(control_program(driver_root), "--kubelet-root")
         spec = self._spec(device, daemon.uuid)
         if _whole_gpu(daemon.uuid):
             try:

@@ -31,7 +31,13 @@ from deviceplugin.model.config_keys import (
     scan_keys,
 )
 from deviceplugin.model.errors import ConfigError
-from deviceplugin.model.hostpaths import MPS_CONTROL_SOCKET, mps_paths, socket_path_problem
+from deviceplugin.model.hostpaths import (
+    MPS_CONTROL_SOCKET,
+    SYSTEM_DIRS,
+    mps_paths,
+    socket_path_problem,
+    under_system_dir,
+)
 from deviceplugin.model.record import record
 from deviceplugin.model.strict import (
     BAD,
@@ -144,9 +150,6 @@ class PluginFlags:
     )
 
 
-SYSTEM_DIRS = ("/dev", "/proc", "/sys")  # never an mpsRoot, nor under one
-
-
 def _mps_root_or_unset(value: str) -> str | None:
     """`flags.mpsRoot`: the reference's unset value is the empty string. The daemons run as
     root and write there, and `<mpsRoot>/shm` becomes every MPS container's /dev/shm, so it
@@ -161,7 +164,7 @@ def _mps_root_or_unset(value: str) -> str | None:
             f"must be a clean absolute path (no '.' or '..' component, no doubled or trailing"
             f" '/'), got {quote(value)}"
         )
-    if value == "/" or any(value == s or value.startswith(s + "/") for s in SYSTEM_DIRS):
+    if value == "/" or under_system_dir(value):
         raise ValueError(
             f"must be a directory for the MPS daemons, not / or under {', '.join(SYSTEM_DIRS)}"
             f" (<mpsRoot>/shm is every MPS container's /dev/shm), got {quote(value)}"

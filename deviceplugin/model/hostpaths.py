@@ -19,6 +19,12 @@ SIM_NODE_FILE = "deviceplugin-sim-node.json"
 SIM_STATE_DIR = "/etc/deviceplugin-sim"
 MAX_SOCKET_PATH = 107  # bytes: sockaddr_un.sun_path holds 108, with the terminating NUL
 MPS_CONTROL_SOCKET = "control"  # in an MPS daemon's pipe directory, as NVIDIA's names it
+SYSTEM_DIRS = ("/dev", "/proc", "/sys")  # never an MPS directory, nor under one
+
+
+def under_system_dir(path: str) -> bool:
+    """Whether `path` (absolute, normalised) is /dev, /proc or /sys or lies under one."""
+    return any(path == s or path.startswith(s + "/") for s in SYSTEM_DIRS)
 
 
 def host_path(root: str, path: str) -> str:

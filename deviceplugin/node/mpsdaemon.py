@@ -31,7 +31,7 @@ from pathlib import Path
 from deviceplugin.model.errors import ConfigError, DevicePluginError
 from deviceplugin.model.log import log_event
 from deviceplugin.model.mps import DaemonSpec
-from deviceplugin.node.mpsshm import prepare_shm
+from deviceplugin.node.mpsshm import prepare_shm, unsafe_directory
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +61,12 @@ def control_program(driver_root: str) -> Path:
 
 
 class MpsControl:
-    """One control program, run for one daemon at a time."""
+    """One control program, run for one daemon at a time. `setting` names what placed the
+    daemons' directories, in the error that refuses one."""
 
-    def __init__(self, program: Path) -> None:
+    def __init__(self, program: Path, setting: str = "flags.mpsRoot") -> None:
         self.program = program
+        self.setting = setting
 
     async def run(self, spec: DaemonSpec, *arguments: str, stdin: str = "") -> str:
         """The program's output; raises MpsError when it fails or overruns its deadline."""
@@ -100,7 +102,13 @@ class MpsControl:
 
     async def start(self, spec: DaemonSpec) -> None:
         """Start the daemon in its directories (the shm a tmpfs where it can be, `node.mpsshm`)
-        and tell it its limits."""
+        and tell it its limits. Nothing is made or mounted through a link, nor under /dev,
+        /proc or /sys."""
+        directories = (spec.pipe_dir, spec.log_dir, spec.shm_dir)
+        base = os.path.commonpath(directories)
+        for directory in directories:
+            if (why := unsafe_directory(base, directory)) is not None:
+                raise MpsError(f"{spec.resource}: {self.setting}: {why}")
         try:
             for directory in (spec.pipe_dir, spec.log_dir):
                 Path(directory).mkdir(parents=True, exist_ok=True)

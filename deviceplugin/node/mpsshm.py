@@ -15,6 +15,7 @@ import logging
 import os
 from pathlib import Path
 
+from deviceplugin.model.hostpaths import under_system_dir
 from deviceplugin.model.log import log_event
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,24 @@ def prepare_shm(path: str) -> None:
         log_event(logger, "mps.shm_mounted", path=path, size=_size())
     else:
         log_event(logger, "mps.shm_not_tmpfs", logging.WARNING, path=path, reason=why)
+
+
+def unsafe_directory(base: str, path: str) -> str | None:
+    """Why `path`, below `base`, must not be made or mounted on: a component below `base` that
+    is a symbolic link (`<root>/shm` linked to /dev/shm would be every client's /dev/shm, and a
+    tmpfs mounted on it the host's), or a real path under /dev, /proc or /sys (`base` itself a
+    link there). None when it may be."""
+    step = base
+    for name in Path(path).relative_to(base).parts:
+        step = os.path.join(step, name)
+        if os.path.islink(step):
+            return f"{step} is a symbolic link (to {os.readlink(step)}): refusing to follow it"
+        if not os.path.lexists(step):
+            break  # made by us from here on
+    real = os.path.realpath(path)
+    if under_system_dir(real):
+        return f"{path} resolves to {real}, under /dev, /proc or /sys: refusing it"
+    return None
 
 
 def release_shm(path: str) -> None:

@@ -21,9 +21,9 @@
  * another pod's cgroup that still exists is refused: two pods would get it twice.
  *
  * Before the limit is set, a record of it (RECORDS/<claim>_<share>_<hash of GPU and cgroup>.json:
- * claim, share, gpu, nameSpace, limit) is written atomically, under RECORDS/.lock, so the
- * driver's Unprepare (after any restart) sets back exactly the limits set and none is left
- * untracked; a failed set removes its record. Exit 0 when the limit is set; else 1 with a message
+ * claim, share, gpu, nameSpace, limit) is written atomically, under RECORDS/.lock (an flock
+ * the driver's Unprepare takes too), so Unprepare (after any restart) sets back exactly the
+ * limits set and none is left untracked; a failed set removes its record. Exit 0 when the limit is set; else 1 with a message
  * on stderr (runc then fails the create).
  *
  * For tests, DEVICEPLUGIN_HOOK_PROC and DEVICEPLUGIN_HOOK_CGROUPFS stand for /proc and
@@ -62,16 +62,18 @@ typedef struct {
     unsigned long long limit;
 } limit_record;
 
-static int fail(const char *format, ...) __attribute__((format(printf, 1, 2)));
-static int fail(const char *format, ...) {
+/* A message on stderr; `fail` says it and gives the hook's failing exit status. */
+static void note(const char *format, ...) __attribute__((format(printf, 1, 2)));
+static void note(const char *format, ...) {
     va_list args;
     va_start(args, format);
     fputs("memory-limit-hook: ", stderr);
     vfprintf(stderr, format, args);
     fputc('\n', stderr);
     va_end(args);
-    return 1;
 }
+
+#define fail(...) (note(__VA_ARGS__), 1)
 
 /* A claim UID or share ID: it names the record file. */
 static int plain_name(const char *text) {
@@ -198,14 +200,55 @@ static int pod_uid(const char *text, size_t length, char dash) {
     return 1;
 }
 
-/* Whether `name` is a pod's cgroup: `pod<uid>` (cgroupfs) or `kubepods[-<qos>]-pod<uid>.slice`
- * (systemd, `_` for `-` in the UID). */
-static int pod_cgroup(const char *name) {
-    size_t length = strlen(name);
-    if (strncmp(name, "pod", 3) == 0 && pod_uid(name + 3, length - 3, '-')) return 1;
-    const char *pod = strstr(name, "-pod");
-    return strncmp(name, "kubepods", 8) == 0 && pod && length > 6 && strcmp(name + length - 6, ".slice") == 0 &&
-           name + length - 6 >= pod + 4 && pod_uid(pod + 4, (size_t)(name + length - 6 - (pod + 4)), '_');
+/* Whether the `length` bytes at `name` are `want`. */
+static int named(const char *name, size_t length, const char *want) {
+    return strlen(want) == length && memcmp(name, want, length) == 0;
+}
+
+/* The component of the cgroup path `relative` (from its leading '/') before the one at `name`,
+ * its length into *length; NULL when `name` is the first. */
+static const char *parent_name(const char *relative, const char *name, size_t *length) {
+    if (name - 1 <= relative) return NULL;
+    const char *start = name - 1;
+    while (start > relative && start[-1] != '/') start--;
+    *length = (size_t)(name - 1 - start);
+    return start;
+}
+
+/* Whether the `length` bytes at `prefix` end with a kubelet's pods slice as a component of its
+ * own: `kubepods`, `kubepods-burstable` or `kubepods-besteffort`, alone or after a cgroup root's
+ * components (`kubelet-kubepods`). */
+static int pods_slice(const char *prefix, size_t length) {
+    static const char *const slices[] = {"kubepods", "kubepods-burstable", "kubepods-besteffort"};
+    for (size_t i = 0; i < sizeof slices / sizeof *slices; i++) {
+        size_t size = strlen(slices[i]);
+        if (length >= size && memcmp(prefix + length - size, slices[i], size) == 0 &&
+            (length == size || prefix[length - size - 1] == '-'))
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether `relative` (a cgroup path below its hierarchy's mount, from its '/') is a pod's cgroup
+ * as a kubelet lays it out, under any cgroup root: cgroupfs `.../kubepods[/<qos>]/pod<uid>`, or
+ * systemd `.../<slice>.slice/<slice>-pod<uid>.slice` where <slice> is `[<root>-]kubepods[-<qos>]`
+ * (`_` for `-` in the UID), in its parent slice as systemd nests them. */
+static int pod_cgroup(const char *relative) {
+    const char *name = strrchr(relative, '/') + 1, *parent, *pod = NULL;
+    size_t length = strlen(name), parent_length, grand_length;
+    if (!(parent = parent_name(relative, name, &parent_length))) return 0;
+    if (strncmp(name, "pod", 3) == 0 && pod_uid(name + 3, length - 3, '-')) {
+        if (named(parent, parent_length, "kubepods")) return 1;
+        const char *grand = parent_name(relative, parent, &grand_length);
+        return (named(parent, parent_length, "burstable") || named(parent, parent_length, "besteffort")) &&
+               grand && named(grand, grand_length, "kubepods");
+    }
+    if (length <= 6 || strcmp(name + length - 6, ".slice") != 0) return 0;
+    for (const char *at = name; (at = strstr(at, "-pod")) && at < name + length - 6; at++) pod = at;
+    if (!pod || !pod_uid(pod + 4, (size_t)(name + length - 6 - (pod + 4)), '_')) return 0;
+    size_t prefix = (size_t)(pod - name);
+    return pods_slice(name, prefix) && parent_length == prefix + 6 && memcmp(parent, name, prefix) == 0 &&
+           memcmp(parent + prefix, ".slice", 6) == 0;
 }
 
 static int field(const char *text, const char *key, char *out, size_t size) {
@@ -225,6 +268,7 @@ static int field(const char *text, const char *key, char *out, size_t size) {
 static int read_record(int dir, const char *name, limit_record *out) {
     char text[PATH_MAX + 512];
     const char *first = strchr(name, '_'), *second = first ? strchr(first + 1, '_') : NULL;
+    out->claim[0] = out->share[0] = '\0';
     if (!second || (size_t)(first - name) >= sizeof out->claim || (size_t)(second - first - 1) >= sizeof out->share)
         return 0;
     snprintf(out->claim, sizeof out->claim, "%.*s", (int)(first - name), name);
@@ -254,7 +298,10 @@ static int is_directory(const char *path) {
 /* What the records say of `want` (its claim, share, GPU and pod cgroup): *others gets the sum
  * of the other shares recorded for its GPU in its cgroup, *known whether `want` is recorded (an
  * earlier container of the pod). A record of its share in a cgroup that is gone is dropped (its
- * limit went with the cgroup). NULL, or why it cannot be capped. */
+ * limit went with the cgroup); one in a cgroup below the pod's (an older hook capped containers)
+ * is of the same pod. Another share's record that cannot be read (an older hook escaped its
+ * strings) is skipped with a note, so that it fails no other pod's hook. NULL, or why it cannot
+ * be capped. */
 static const char *check_records(const char *records, const limit_record *want, unsigned long long *others,
                                  int *known, char *why, size_t size) {
     DIR *dir = opendir(records);
@@ -270,7 +317,14 @@ static const char *check_records(const char *records, const limit_record *want, 
         limit_record held;
         if (entry->d_name[0] == '.' || length < 5 || strcmp(entry->d_name + length - 5, ".json") != 0) continue;
         if (!read_record(dirfd(dir), entry->d_name, &held)) {
-            snprintf(why, size, "cannot read the record %s/%s", records, entry->d_name);
+            if (strcmp(held.claim, want->claim) != 0 || strcmp(held.share, want->share) != 0) {
+                note("skipping the record %s/%s, which cannot be read (an older hook's, or damaged): "
+                     "its share is not counted in this cap",
+                     records, entry->d_name);
+                continue;
+            }
+            snprintf(why, size, "cannot read the record %s/%s of this share: it may be capped in another pod",
+                     records, entry->d_name);
             problem = why;
         } else if (strcmp(held.gpu, want->gpu) != 0) {
             continue;
@@ -279,6 +333,9 @@ static const char *check_records(const char *records, const limit_record *want, 
                 *known = 1;
                 continue;
             }
+            size_t pod = strlen(want->space);
+            if (strncmp(held.space, want->space, pod) == 0 && held.space[pod] == '/')
+                continue; /* an older hook's record of one of this pod's containers: the same pod */
             if (!is_directory(held.space)) {
                 unlinkat(dirfd(dir), entry->d_name, 0);
                 continue;
@@ -391,10 +448,11 @@ static const char *pod_of_container(char *pod, char *why, size_t size) {
     }
     if (checked_cgroup(mount, path, real_mount, pod, why, size)) return why;
     *strrchr(pod, '/') = '\0'; /* the container's parent */
-    if (strlen(pod) <= strlen(real_mount) || !pod_cgroup(strrchr(pod, '/') + 1)) {
+    if (strlen(pod) <= strlen(real_mount) || !pod_cgroup(pod + strlen(real_mount))) {
         snprintf(why, size,
-                 "the container's cgroup %s is not in a pod's cgroup (pod<uid>, or kubepods-...-pod<uid>.slice): "
-                 "a share caps the containers of one pod as one, in their pod's cgroup",
+                 "the container's cgroup %s is not in a pod's cgroup (.../kubepods[/<qos>]/pod<uid>, or "
+                 ".../[<root>-]kubepods[-<qos>].slice/[<root>-]kubepods[-<qos>]-pod<uid>.slice): a share caps "
+                 "the containers of one pod as one, in their pod's cgroup",
                  path);
         return why;
     }
