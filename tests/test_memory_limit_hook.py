@@ -117,6 +117,16 @@ def test_a_library_without_the_call_fails_the_hook(root: Path, view: HookView) -
     assert records(root) == []
 
 
+SYSTEMD_POD = POD.replace("-", "_")  # the systemd driver's slice names write the UID with _
+
+
+def hook_in(root: Path, view: HookView, container: str) -> subprocess.CompletedProcess[str]:
+    """The hook for a whole GPU's 1 GiB share, run from a container at cgroup `container`."""
+    (view.mount / container).mkdir(parents=True)
+    view.claim_cgroup(container)
+    return hook(root, view, whole()[1], str(GIB))
+
+
 @pytest.mark.parametrize(
     "container",
     [
@@ -124,15 +134,13 @@ def test_a_library_without_the_call_fails_the_hook(root: Path, view: HookView) -
         pytest.param(f"kubepods/pod{POD}/c1", id="cgroupfs-guaranteed"),
         pytest.param(
             "kubepods.slice/kubepods-burstable.slice/"
-            f"kubepods-burstable-pod{POD.replace('-', '_')}.slice/cri-containerd-c1.scope",
+            f"kubepods-burstable-pod{SYSTEMD_POD}.slice/cri-containerd-c1.scope",
             id="systemd",
         ),
-        pytest.param(
-            f"kubepods.slice/kubepods-pod{POD.replace('-', '_')}.slice/c1", id="systemd-guaranteed"
-        ),
+        pytest.param(f"kubepods.slice/kubepods-pod{SYSTEMD_POD}.slice/c1", id="systemd-guaranteed"),
         pytest.param(
             "kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
-            f"kubelet-kubepods-besteffort-pod{POD.replace('-', '_')}.slice/cri-containerd-c1.scope",
+            f"kubelet-kubepods-besteffort-pod{SYSTEMD_POD}.slice/cri-containerd-c1.scope",
             id="systemd-cgroup-root",
         ),
         pytest.param(f"kubelet/kubepods/burstable/pod{POD}/c1", id="cgroupfs-cgroup-root"),
@@ -141,14 +149,9 @@ def test_a_library_without_the_call_fails_the_hook(root: Path, view: HookView) -
 def test_a_pods_cgroup_is_found_as_either_cgroup_driver_names_it(
     root: Path, view: HookView, container: str
 ) -> None:
-    (view.mount / container).mkdir(parents=True)
-    view.claim_cgroup(container)
-    done = hook(root, view, whole()[1], str(GIB))
+    done = hook_in(root, view, container)
     assert done.returncode == 0, done.stderr
     assert [r["nameSpace"] for r in records(root)] == [str((view.mount / container).parent)]
-
-
-SYSTEMD_POD = POD.replace("-", "_")
 
 
 @pytest.mark.parametrize(
@@ -177,9 +180,7 @@ SYSTEMD_POD = POD.replace("-", "_")
 def test_a_container_whose_parent_is_no_pods_cgroup_caps_nothing(
     root: Path, view: HookView, container: str
 ) -> None:
-    (view.mount / container).mkdir(parents=True)
-    view.claim_cgroup(container)
-    done = hook(root, view, whole()[1], str(GIB))
+    done = hook_in(root, view, container)
     assert done.returncode == 1
     assert "is not in a pod's cgroup" in done.stderr, done.stderr
     uncapped(view, root)
