@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 
 from deviceplugin.kubelet.registration import KUBELET_SOCKET
-from deviceplugin.model.assignments import PodDevice, PodDevices
+from deviceplugin.model.assignments import ClaimDevice, PodDevice, PodDevices, PodResources
 from deviceplugin.model.errors import PodResourcesError
 from deviceplugin.wire.podresources.v1 import api_pb2, api_pb2_grpc
 
@@ -25,6 +25,25 @@ def pod_resources_socket(kubelet_dir: Path) -> Path:
     """`<kubelet-dir>/../pod-resources/kubelet.sock`: the kubelet's own path for the default
     `/var/lib/kubelet/device-plugins`, and a sibling of any other directory (tests, demo)."""
     return kubelet_dir.parent / "pod-resources" / KUBELET_SOCKET
+
+
+def claim_devices(response: api_pb2.ListPodResourcesResponse) -> tuple[ClaimDevice, ...]:
+    """One entry per (container, claim, device) of the claims the kubelet prepared."""
+    return tuple(
+        ClaimDevice(
+            pod.namespace,
+            pod.name,
+            container.name,
+            f"{claim.claim_namespace}/{claim.claim_name}",
+            device.driver_name,
+            device.pool_name,
+            device.device_name,
+        )
+        for pod in response.pod_resources
+        for container in pod.containers
+        for claim in container.dynamic_resources
+        for device in claim.claim_resources
+    )
 
 
 def pod_devices(response: api_pb2.ListPodResourcesResponse) -> PodDevices:
@@ -38,11 +57,12 @@ def pod_devices(response: api_pb2.ListPodResourcesResponse) -> PodDevices:
     )
 
 
-async def list_pod_devices(
+async def list_pod_resources(
     socket: Path, timeout: float = LIST_TIMEOUT_SECONDS
-) -> PodDevices | None:
-    """Ask the kubelet which containers hold which devices; None when the socket is absent.
-    Raises PodResourcesError when the socket is there but List does not answer."""
+) -> PodResources | None:
+    """Ask the kubelet which containers hold which device-plugin IDs and claims' devices; None
+    when the socket is absent. Raises PodResourcesError when the socket is there but List does
+    not answer within `timeout`."""
     if not socket.exists():
         return None
     try:
@@ -53,7 +73,15 @@ async def list_pod_devices(
         raise PodResourcesError(
             f"pod-resources List on {socket} failed: {exc.code().name}: {exc.details()}"
         ) from None
-    return pod_devices(response)
+    return PodResources(pod_devices(response), claim_devices(response))
+
+
+async def list_pod_devices(
+    socket: Path, timeout: float = LIST_TIMEOUT_SECONDS
+) -> PodDevices | None:
+    """The device-plugin IDs of `list_pod_resources`."""
+    found = await list_pod_resources(socket, timeout)
+    return None if found is None else found.devices
 
 
 async def read_pods(socket: Path) -> tuple[PodDevices | None, str]:

@@ -6,7 +6,7 @@ The kubelet's PodResources API is read by the device-plugin front-end; metrics, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from deviceplugin.model.record import record
 
@@ -36,3 +36,27 @@ class PodDevices:
 
     def holders(self, resource: str, device_id: str) -> tuple[PodDevice, ...]:
         return tuple(self._index.get((resource, device_id), ()))
+
+    def __iter__(self) -> Iterator[PodDevice]:
+        return (entry for entries in self._index.values() for entry in entries)
+
+
+@record(frozen=True)
+class ClaimDevice:
+    """One device of a prepared ResourceClaim, as the kubelet reports it for a container."""
+
+    namespace: str
+    pod: str
+    container: str
+    claim: str  # `<namespace>/<name>`
+    driver: str
+    pool: str
+    device: str
+
+
+@record(frozen=True)
+class PodResources:
+    """One answer of the kubelet's PodResources `List`: device-plugin IDs and claims' devices."""
+
+    devices: PodDevices
+    claims: tuple[ClaimDevice, ...]
