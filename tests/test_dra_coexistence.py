@@ -1,5 +1,6 @@
 """One GPU, one owner: the DRA driver publishes nothing while a device plugin serves NVIDIA GPUs
-on the node, says why where operators look, and publishes again once the plugin is gone."""
+on the node, says why where operators look, and publishes again once the plugin is gone (and
+the kubelet's PodResources says none of its pods is left: test_dra_plugin_holds.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import socket
 from pathlib import Path
 
 from deviceplugin.dra.coexistence import live_device_plugins
+from deviceplugin.sim.podresources import PodResourcesEmulator
 from tests.draplugin import published, run, running_driver, short_dir
 
 
@@ -39,6 +41,8 @@ def test_the_driver_stands_aside_while_a_device_plugin_serves_and_returns_after(
     async def body() -> None:
         async with running_driver() as node:
             assert len(published(node.server)) == 32
+            pods = PodResourcesEmulator(node.kubelet_root)
+            await pods.start()
             plugin = listening(node.kubelet_root / "device-plugins" / "nvidia-gpu.sock")
             try:
                 await node.driver.check_node()
@@ -53,5 +57,6 @@ def test_the_driver_stands_aside_while_a_device_plugin_serves_and_returns_after(
             await node.driver.check_node()
             await node.until(lambda: len(published(node.server)) == 32)
             assert node.driver.status().not_ready == []
+            await pods.stop()
 
     run(body)

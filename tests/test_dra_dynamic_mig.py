@@ -23,6 +23,7 @@ from test_sim_library_dynamic_mig import A100_PLACEMENTS, placement
 
 from deviceplugin.cli import parse_options
 from deviceplugin.model.migpartitions import MIG_MODE_ENV, counter_sets
+from deviceplugin.model.owners import Held, Holdings
 from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.model.slices import build_devices, build_slices, quantity
 from deviceplugin.node.discovery import discover
@@ -308,3 +309,24 @@ def test_slices_of_a_node_with_more_gpus_than_a_slice_has_counter_sets(dynamic_r
     assert [len(i["spec"].get("sharedCounters") or []) for i in items[:3]] == [8, 8, 0]
     for item in items:
         assert kubernetes_validate.validate(item, "1.37", strict=True) == "1.37"
+
+
+def test_a_gpu_a_device_plugin_pod_holds_is_withheld_whole_with_its_partitions(
+    dynamic_root: Path,
+) -> None:
+    """Migration: a GPU (or a MIG device of it) a departed plugin's pod holds publishes neither
+    the GPU nor any partition of it; the other GPUs are published as before."""
+    nvml = opened(dynamic_root)
+    try:
+        inventory = discover(nvml, mig_profiles=True)
+    finally:
+        nvml.shutdown()
+    every = build_devices(inventory, dynamic_mig=True)
+    held_gpu = inventory.gpus[2]
+    prefix = f"gpu-{held_gpu.minor}"
+    on_held = {d["name"] for d in every if d["name"].partition("-mig-")[0] == prefix}
+    assert len(on_held) > 1  # the whole GPU and its partitions
+    for mig in (None, "MIG-of-it"):
+        withheld = Holdings([Held(held_gpu.uuid, mig, "team/trainer", "nvidia.com/gpu x")])
+        names = {d["name"] for d in build_devices(inventory, dynamic_mig=True, withheld=withheld)}
+        assert names == {d["name"] for d in every} - on_held

@@ -60,6 +60,7 @@ from deviceplugin.dra.mpsclient import DaemonHome
 from deviceplugin.dra.mpsdevices import HOMES_DIR, MpsDevices
 from deviceplugin.dra.mpstenants import MpsTenancy
 from deviceplugin.dra.plugin import DraServer
+from deviceplugin.dra.pluginholds import PluginHolds
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.registration import (
@@ -69,6 +70,7 @@ from deviceplugin.dra.registration import (
     registration_socket,
 )
 from deviceplugin.dra.slicewatch import SliceWatch
+from deviceplugin.kubelet.pods import pod_resources_socket
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
@@ -136,6 +138,10 @@ class DraDriver:
         self._idle = False  # no NVML, failOnInitError false
         self._device_plugins_dir = settings.kubelet_root / "device-plugins"
         self._device_plugins: tuple[str, ...] = ()  # live NVIDIA device-plugin sockets
+        # what pods of a device plugin that left hold (a migration with pods running)
+        self.plugin_holds = PluginHolds(
+            pod_resources_socket(self._device_plugins_dir), self._device_plugins_dir
+        )
 
     @property
     def inventory(self) -> Inventory | None:
@@ -173,6 +179,7 @@ class DraDriver:
         plugins_dir = self._device_plugins_dir
         self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
         self._report_device_plugins()
+        await self._read_plugin_holds(inventory, self._device_plugins != ())
         devices = await self._node_devices(parsed.config, inventory)
         self._check_mps_sockets(devices)
         boot_file = Path(settings.env.get(BOOT_ID_ENV) or BOOT_ID_FILE)
@@ -324,14 +331,28 @@ class DraDriver:
         self.publisher.request_refresh()
 
     async def _check_device_plugins(self) -> None:
-        if self.publisher is None or self.engine.inventory is None:
+        inventory = self.engine.inventory
+        if self.publisher is None or inventory is None:
             return
         found = await asyncio.to_thread(live_device_plugins, self._device_plugins_dir)
-        if found == self._device_plugins:
-            return
-        self._device_plugins = found
-        self._report_device_plugins()
-        self._publish()
+        changed = found != self._device_plugins
+        if changed:
+            self._device_plugins = found
+            self._report_device_plugins()
+        if await self._read_plugin_holds(inventory, changed) or changed:
+            self._publish()
+
+    async def _read_plugin_holds(self, inventory: Inventory, sockets_changed: bool) -> bool:
+        """While a device plugin serves, nothing is published and nothing needs reading; once
+        it left, what its pods hold is read when the sockets change and every check while
+        anything is held or unknown. True when the holdings changed."""
+        holds = self.plugin_holds
+        if self._device_plugins:
+            holds.saw_device_plugin()
+            return False
+        if not (sockets_changed or holds.needs_reading or not self._started):
+            return False
+        return await holds.refresh(inventory)
 
     def endpoints(self, address: str) -> EndpointServer:
         """/healthz, /readyz, /metrics and /status on `address`, from `status()`."""
@@ -360,6 +381,8 @@ class DraDriver:
             slice_watch_error=self.slice_watch.error if self.slice_watch is not None else None,
             write_refused=self.publisher.refusal if self.publisher is not None else None,
             foreign_mig_instances=tuple(f.describe() for f in self._foreign),
+            held_by_device_plugins=tuple(h.describe() for h in self.plugin_holds.holdings.held),
+            held_unknown=self.plugin_holds.unknown,
         )
 
     # --- internals ------------------------------------------------------------------------------
@@ -482,7 +505,12 @@ class DraDriver:
         inventory = self.engine.inventory
         if self.publisher is not None and inventory is not None:
             taken = blocked(inventory, self._foreign)
-            self.publisher.want(self._publishable(inventory), self.engine.unhealthy, taken)
+            self.publisher.want(
+                self._publishable(inventory),
+                self.engine.unhealthy,
+                taken,
+                self.plugin_holds.holdings,
+            )
 
     async def _scan_foreign(self) -> None:
         """Dynamic MIG: find the MIG instances no partition of the checkpoint accounts for (off

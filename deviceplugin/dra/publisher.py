@@ -64,6 +64,7 @@ from typing import Any, Protocol
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
 from deviceplugin.model.migpartitions import counter_sets
+from deviceplugin.model.owners import Holdings
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import (
     DEFAULT_TAINT,
@@ -174,10 +175,12 @@ class SlicePublisher:
         inventory: Inventory,
         unhealthy: Mapping[str, str],
         blocked: Mapping[str, str] | None = None,
+        withheld: Holdings | None = None,
     ) -> None:
         """Make the slices say what `inventory` and `unhealthy` say, in the background: returns
         at once, whatever the API server does. `blocked` (device name -> why): dynamic MIG
-        devices a MIG instance this driver did not create overlaps, published tainted."""
+        devices a MIG instance this driver did not create overlaps, published tainted;
+        `withheld`: what device-plugin pods hold, left out."""
         self._desired = build_devices(
             inventory,
             unhealthy,
@@ -186,6 +189,7 @@ class SlicePublisher:
             self.memory_shares,
             self.dynamic_mig,
             blocked,
+            withheld,
         )
         self._counter_sets = counter_sets(inventory, quantity) if self.dynamic_mig else []
         self._version += 1

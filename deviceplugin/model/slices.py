@@ -53,6 +53,7 @@ from deviceplugin.model.migpartitions import (
     partitions,
     whole_consumes,
 )
+from deviceplugin.model.owners import Holdings
 
 DRIVER = "gpu.nvidia.com"
 SEED_DOMAIN = "nvidia.com"
@@ -93,6 +94,7 @@ def build_devices(
     memory_shares: bool = False,
     dynamic_mig: bool = False,
     blocked: Mapping[str, str] | None = None,
+    withheld: Holdings | None = None,
 ) -> list[JsonObject]:
     """One v1 Device per physical device of the node, in GPU, then MIG index order; a device
     whose UUID or parent GPU's UUID is in `unhealthy` (UUID -> reason) is published unhealthy,
@@ -101,11 +103,16 @@ def build_devices(
     published whole and as its partitions instead (never shareable: `model.migpartitions`);
     those named in `blocked` (name -> why: a MIG instance someone else made overlaps them) get
     the taint `<driver>/mig-placement-taken` (NoSchedule, whatever `taint` says: it is not
-    about health), which the scheduler respects."""
+    about health), which the scheduler respects. A device `withheld` holds (a device plugin's
+    pod has it: `model/owners.py`) is left out; a partitionable GPU with anything held is left
+    out whole, with its partitions."""
     groups = _Topology(inventory)
     sick = unhealthy or {}
+    held = withheld or Holdings()
     devices: list[JsonObject] = []
     for gpu, mig in physical_devices(inventory, dynamic_mig):
+        if held.blocking(gpu.uuid, None if mig is None else mig.uuid):
+            continue
         reason = unhealthy_reason(gpu, mig, sick)
         if dynamic_mig and partitionable(gpu):
             built = _partitioned(gpu, inventory, groups, driver, reason, taint)

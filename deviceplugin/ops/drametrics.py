@@ -102,6 +102,13 @@ class DraMetrics(SharedMetrics):
             registry=r,
         )
 
+        self.held = Gauge(
+            "deviceplugin_dra_devices_held",
+            "GPUs and MIG devices pods of a device plugin hold, per the kubelet's PodResources: "
+            "withheld from the slices until their pods end.",
+            registry=r,
+        )
+
     def publish_done(self, seconds: float, ok: bool) -> None:
         self.publishes.labels("ok" if ok else "error").inc()
         self.publish_seconds.observe(seconds)
@@ -123,6 +130,8 @@ class DraMetrics(SharedMetrics):
         """The gauges, from the driver's state now."""
         self.prepared_claims.set(status.prepared_claims)
         self.foreign_mig_instances.set(len(status.foreign_mig_instances))
+        held = {(entry["gpu"], entry.get("mig")) for entry in status.held_by_device_plugins}
+        self.held.set(len(held))
         unusable = status.checkpoint_unusable.count if status.checkpoint_unusable else 0
         self.checkpoints_unusable.inc(unusable - self._unusable_counted)
         self._unusable_counted = unusable

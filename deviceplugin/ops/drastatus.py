@@ -47,14 +47,18 @@ class DraStatus:
     write_refused: str | None = None  # the API server's refusal of the latest slice write
     checkpoint_unusable: CheckpointUnusable | None = None  # None: every read could be trusted
     foreign_mig_instances: tuple[str, ...] = ()  # dynamic MIG: instances this driver did not make
+    # what device-plugin pods hold (withheld from the slices), each `Held.describe()`
+    held_by_device_plugins: tuple[dict[str, str], ...] = ()
+    held_unknown: str | None = None  # why that could not be read (nothing new published)
 
     @property
     def not_ready(self) -> list[str]:
         """Why the driver is not ready; empty when it is. Ready means: registered with the
         kubelet's plugin watcher (only serving on both sockets where there is no watcher), the
-        slices written once, an answer to the latest API request, and no device plugin serving
-        NVIDIA GPUs on the node (then the driver publishes nothing), and the engine's own
-        reasons (a dead health monitor). An idle driver is ready."""
+        slices written once, an answer to the latest API request, no device plugin serving
+        NVIDIA GPUs on the node (then the driver publishes nothing), what a departed device
+        plugin's pods hold known, and the engine's own reasons (a dead health monitor). An
+        idle driver is ready."""
         reasons = self.core.not_ready
         if not self.core.started or self.idle:
             return reasons
@@ -70,6 +74,8 @@ class DraStatus:
             reasons.append(f"slice writes refused: {self.write_refused}")
         if self.device_plugin_conflict:
             reasons.append(self.device_plugin_conflict)
+        if self.held_unknown:
+            reasons.append(self.held_unknown)
         return reasons
 
     def document(self) -> dict[str, Any]:
@@ -90,6 +96,8 @@ class DraStatus:
             "device_plugin_conflict": self.device_plugin_conflict,
             "prepared_claims": self.prepared_claims,
             "foreign_mig_instances": list(self.foreign_mig_instances),
+            "held_by_device_plugins": list(self.held_by_device_plugins),
+            "held_unknown": self.held_unknown,
             "checkpoint": {
                 "unusable": unusable.count if unusable else 0,
                 "last_error": unusable.error if unusable else None,

@@ -1,0 +1,205 @@
+"""One owner per GPU through a migration: once the device plugin leaves a node whose pods still
+hold its GPUs, the DRA driver publishes everything but what those pods hold (as the kubelet's
+PodResources reports it, through the real gRPC socket), publishes each again once its pod is
+gone, and publishes nothing new as free while it cannot tell."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from deviceplugin.model.devices import Gpu, Inventory
+from deviceplugin.model.slices import device_name
+from deviceplugin.sim.podresources import PodResourcesEmulator
+from tests.draplugin import Node, published, run, running_driver
+
+ALL_DEVICES = 32  # a100-80gb-x8-mixed as DRA publishes it
+
+
+def plugin_socket(node: Node) -> socket.socket:
+    """A device plugin serving `nvidia.com/gpu` on the node."""
+    path = node.kubelet_root / "device-plugins" / "nvidia-gpu.sock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen()
+    return server
+
+
+def inventory(node: Node) -> Inventory:
+    found = node.driver.inventory
+    assert found is not None
+    return found
+
+
+def whole_gpus(node: Node) -> list[Gpu]:
+    return [gpu for gpu in inventory(node).gpus if not gpu.mig_enabled]
+
+
+def mig_gpus(node: Node) -> list[Gpu]:
+    return [gpu for gpu in inventory(node).gpus if gpu.mig_enabled and gpu.mig_devices]
+
+
+async def plugin_leaves(node: Node, plugin: socket.socket) -> None:
+    plugin.close()  # its socket file stays behind, refusing connections
+    await node.driver.check_node()
+
+
+def test_pods_of_a_departed_plugin_keep_their_gpus_until_they_end() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            pods = PodResourcesEmulator(node.kubelet_root)
+            await pods.start()
+            try:
+                plugin = plugin_socket(node)
+                await node.driver.check_node()
+                await node.until(lambda: len(published(node.server)) == 0)
+                gpu = whole_gpus(node)[1]
+                mig_gpu = mig_gpus(node)[0]
+                mig = mig_gpu.mig_devices[0]
+                # ours (UUID replica) and NVIDIA's index strategy (`<gpu>:<mig>`)
+                pods.assign("team", "trainer", "main", "nvidia.com/gpu", [f"{gpu.uuid}::3"])
+                pods.assign(
+                    "team", "tuner", "main", "nvidia.com/mig-1g.10gb",
+                    [f"{mig_gpu.index}:{mig.index}"],
+                )  # fmt: skip
+                await plugin_leaves(node, plugin)
+                await node.until(lambda: len(published(node.server)) == ALL_DEVICES - 2)
+                names = published(node.server)
+                assert device_name(gpu, None) not in names
+                assert device_name(mig_gpu, mig) not in names
+                assert device_name(mig_gpu, mig_gpu.mig_devices[1]) in names
+                document = node.driver.status().document()
+                held = document["held_by_device_plugins"]
+                assert {(h["gpu"], h.get("mig"), h["holder"]) for h in held} == {
+                    (gpu.uuid, None, "team/trainer"),
+                    (mig_gpu.uuid, mig.uuid, "team/tuner"),
+                }
+                assert document["ready"], document["not_ready"]
+                metrics = node.driver.metrics
+                metrics.set_status(node.driver.status())
+                assert metrics.registry.get_sample_value("deviceplugin_dra_devices_held") == 2
+
+                pods.release("team", "trainer")
+                await node.driver.check_node()
+                await node.until(lambda: device_name(gpu, None) in published(node.server))
+                assert device_name(mig_gpu, mig) not in published(node.server)
+                pods.release("team", "tuner")
+                await node.driver.check_node()
+                await node.until(lambda: len(published(node.server)) == ALL_DEVICES)
+                assert node.driver.status().document()["held_by_device_plugins"] == []
+            finally:
+                await pods.stop()
+
+    run(body)
+
+
+def test_nothing_new_is_published_while_the_holdings_cannot_be_read() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            plugin = plugin_socket(node)
+            await node.driver.check_node()
+            await node.until(lambda: len(published(node.server)) == 0)
+            await plugin_leaves(node, plugin)  # and no PodResources socket on the node
+            await node.driver.check_node()
+            await node.synced()
+            assert len(published(node.server)) == 0
+            reasons = node.driver.status().not_ready
+            assert any("pod-resources" in r and "nothing new" in r for r in reasons), reasons
+
+            pods = PodResourcesEmulator(node.kubelet_root)
+            await pods.start()
+            try:
+                gpu = whole_gpus(node)[0]
+                pods.assign("team", "trainer", "main", "nvidia.com/gpu", [gpu.uuid])
+                await node.driver.check_node()
+                await node.until(lambda: len(published(node.server)) == ALL_DEVICES - 1)
+                assert node.driver.status().not_ready == []
+            finally:
+                await pods.stop()
+            # Known once, then unreadable: the GPU stays withheld though its pod may have ended.
+            await node.driver.check_node()
+            await node.synced()
+            assert device_name(gpu, None) not in published(node.server)
+            assert len(published(node.server)) == ALL_DEVICES - 1
+            assert node.driver.status().not_ready
+
+    run(body)
+
+
+def test_an_id_that_cannot_be_mapped_withholds_every_gpu_it_could_belong_to() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            pods = PodResourcesEmulator(node.kubelet_root)
+            await pods.start()
+            try:
+                plugin = plugin_socket(node)
+                await node.driver.check_node()
+                mig_gpu = mig_gpus(node)[0]
+                absent = max(m.index for m in mig_gpu.mig_devices) + 1
+                pods.assign("a", "p", "c", "nvidia.com/mig-1g.10gb", [f"{mig_gpu.index}:{absent}"])
+                # another vendor's index IDs and a GPU this node does not have: not ours
+                pods.assign("a", "q", "c", "example.com/fpga", ["0", "1"])
+                pods.assign("a", "r", "c", "nvidia.com/gpu", ["GPU-00000000-dead"])
+                await plugin_leaves(node, plugin)
+                await node.synced()
+                names = published(node.server)
+                assert len(names) == ALL_DEVICES - len(mig_gpu.mig_devices)
+                assert not any(device_name(mig_gpu, m) in names for m in mig_gpu.mig_devices)
+                held = node.driver.status().document()["held_by_device_plugins"]
+                assert [h["gpu"] for h in held] == [mig_gpu.uuid]
+                assert "no MIG device" in held[0]["unmapped"]
+            finally:
+                await pods.stop()
+
+    run(body)
+
+
+def test_a_restarted_driver_withholds_what_the_kubelet_says_plugin_pods_hold() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            # The plugin left before this driver started; the kubelet's checkpoint remembers.
+            checkpoint = node.kubelet_root / "device-plugins" / "kubelet_internal_checkpoint"
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            gpu = whole_gpus(node)[0]
+            entry = {"PodUID": "u", "ContainerName": "c", "ResourceName": "nvidia.com/gpu"}
+            checkpoint.write_text(json.dumps({"Data": {"PodDeviceEntries": [entry]}}))
+            await node.restart()
+            assert len(published(node.server)) == 0  # no PodResources socket: unknown
+            pods = PodResourcesEmulator(node.kubelet_root)
+            await pods.start()
+            try:
+                pods.assign("team", "trainer", "main", "nvidia.com/gpu", [str(gpu.index)])
+                await node.restart()
+                names = published(node.server)
+                assert len(names) == ALL_DEVICES - 1
+                assert device_name(gpu, None) not in names
+            finally:
+                await pods.stop()
+
+    run(body)
+
+
+def test_released_gpus_come_back_and_reads_stop_once_nothing_is_held() -> None:
+    async def body() -> None:
+        async with running_driver() as node:
+            pods = PodResourcesEmulator(node.kubelet_root)
+            await pods.start()
+            try:
+                plugin = plugin_socket(node)
+                await node.driver.check_node()
+                gpu = whole_gpus(node)[0]
+                pods.assign("a", "p", "c", "nvidia.com/gpu", [gpu.uuid])
+                await plugin_leaves(node, plugin)
+                await node.until(lambda: len(published(node.server)) == ALL_DEVICES - 1)
+                pods.release("a", "p")
+                await node.driver.check_node()
+                await node.until(lambda: len(published(node.server)) == ALL_DEVICES)
+                # Nothing held any more: no further reads until a plugin comes and goes again.
+                calls = pods.calls
+                await node.driver.check_node()
+                assert pods.calls == calls
+            finally:
+                await pods.stop()
+
+    run(body)
