@@ -17,7 +17,17 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import cdi, dra, drastart, dynamicmig, migprepare, preferred, process, scenarios
+from bench import (
+    cdi,
+    dra,
+    drastart,
+    dynamicmig,
+    migprepare,
+    migration,
+    preferred,
+    process,
+    scenarios,
+)
 from bench.report import Figure, table, write_json
 
 RESULTS = Path(__file__).parent / "results.json"
@@ -33,6 +43,7 @@ GROUPS: list[tuple[str, Group]] = [
     ("DRA: publishing 8 A100 in dynamic MIG mode", dynamicmig.run),
     ("DRA: Prepare cutting a dynamic MIG partition", migprepare.run),
     ("CDI: the spec of 64 GPUs x 7 MIG", cdi.run),
+    ("DRA: a node mid-migration, a GPU a device plugin's pod holds", migration.run),
 ]
 
 

@@ -9,7 +9,8 @@ named (`generateName`) and given a uid and a resourceVersion (400 if it is not J
 with `watch` in its query gets a chunked stream that stays open and empty until the client
 leaves; any other GET an empty list; anything else 200 with the object it carried (or `{}`).
 The devices of every ResourceSlice POSTed are counted in `devices`, which is what the
-benchmark waits for.
+start-up benchmark waits for; `published` counts the devices of each slice as last written
+(POST or PUT), for a benchmark that waits for a republish.
 """
 
 from __future__ import annotations
@@ -29,10 +30,16 @@ class InstantApi:
     def __init__(self) -> None:
         self.devices = 0  # in every ResourceSlice POSTed so far
         self.posts: list[str] = []  # the path of every POST, in order
+        self._slices: dict[str, int] = {}  # devices of each ResourceSlice as last written
         self._version = 1
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.url = ""
+
+    @property
+    def published(self) -> int:
+        """The devices of every ResourceSlice as last written."""
+        return sum(self._slices.values())
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -86,6 +93,7 @@ class InstantApi:
                 status, answer = "400 Bad Request", {"kind": "Status", "message": "not JSON"}
         else:
             status, answer = "200 OK", json.loads(body) if body else {}
+            self._count(answer)
         data = json.dumps(answer).encode()
         writer.write(
             f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
@@ -104,4 +112,10 @@ class InstantApi:
         metadata.update(uid=f"uid-{self._version}", resourceVersion=str(self._version))
         if item.get("kind") == "ResourceSlice":
             self.devices += len(item.get("spec", {}).get("devices", []))
+        self._count(item)
         return item
+
+    def _count(self, item: dict[str, Any]) -> None:
+        if item.get("kind") == "ResourceSlice":
+            devices = item.get("spec", {}).get("devices") or []
+            self._slices[item["metadata"]["name"]] = len(devices)

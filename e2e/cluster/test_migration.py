@@ -1,0 +1,285 @@
+"""A node moved between the device plugin and DRA by its label, with pods running, no drain
+(docs/dra.md, "Moving a node between the device plugin and DRA"), on the real kubelet,
+scheduler and API server (`make e2e-cluster`).
+
+Deployed by the kustomize route: each overlay as shipped, with the two node-affinity patches
+docs/dra.md shows (the device plugin where `nvidia.com/dra` is not `true`, the DRA driver where
+it is), the extended-resource DeviceClasses applied, so unchanged `limits: nvidia.com/gpu: 1`
+pods are served through DRA once the node is flipped. Checked through the workloads
+themselves: the GPU each container was given (its device nodes, or NVIDIA_VISIBLE_DEVICES for
+NVIDIA's plugin), the published devices, the Node's allocatable. No GPU may be held by two
+pods at any time. The seconds from a holder's end to its GPU's next pod are kept in
+run/migration.json as figures, not asserted. Scenarios run in file order.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from deviceplugin.sim.node import read_node, resolve_node_path
+from e2e.cluster.kube import (
+    NODE_NAME,
+    REPO,
+    RUN,
+    Obj,
+    apply,
+    cluster,
+    daemon_ready,
+    delete_workloads,
+    exec_in,
+    extended,
+    get,
+    kubectl,
+    pod_running,
+    replace_daemon_pod,
+    unschedulable_reason,
+    wait_until,
+    workload_pod,
+)
+from e2e.cluster.test_device_plugin import gpu_minor, seen
+from e2e.cluster.test_dra import DRIVER_LABEL, published
+
+GPU, MIG = "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"
+LABEL = "nvidia.com/dra"
+NODE = read_node(resolve_node_path("a100-80gb-x8-mixed"))
+MINOR_OF = {gpu.uuid: gpu.minor for gpu in NODE.gpus}
+WHOLE = [gpu for gpu in NODE.gpus if not gpu.mig_enabled]
+ALL_DEVICES = 32  # as DRA publishes a100-80gb-x8-mixed: 4 whole GPUs, 28 MIG devices
+PLUGIN_OVERLAY = REPO / "manifests" / "overlays" / "simulated-node"
+DRA_OVERLAY = REPO / "manifests" / "overlays" / "simulated-node-dra"
+EXTENDED_CLASSES = REPO / "manifests" / "dra" / "deviceclasses-extended-resources.yaml"
+REFERENCE = REPO / "e2e" / "reference" / "daemonset.yaml"
+PLUGIN_LABEL = "app.kubernetes.io/name=deviceplugin"
+REFERENCE_LABEL = "app.kubernetes.io/name=nvidia-device-plugin"
+FIGURES = RUN / "migration.json"
+
+
+def exclusive(manifests: str, operator: str) -> str:
+    """`manifests` with every DaemonSet limited to the nodes whose `nvidia.com/dra` label
+    `operator` (`In`: the DRA side, `NotIn`: a device plugin) `["true"]`: the two patches."""
+    documents = [d for d in yaml.safe_load_all(manifests) if d]
+    for document in documents:
+        if document["kind"] == "DaemonSet":
+            spec = document["spec"]["template"]["spec"]
+            term = {"matchExpressions": [{"key": LABEL, "operator": operator, "values": ["true"]}]}
+            required = {"nodeSelectorTerms": [term]}
+            spec["affinity"] = {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
+            }
+    return yaml.safe_dump_all(documents)
+
+
+def overlay(path: Any, operator: str) -> str:
+    return exclusive(kubectl("kustomize", str(path)), operator)
+
+
+def reference(operator: str) -> str:
+    return exclusive(REFERENCE.read_text(), operator)
+
+
+def flip(to_dra: bool) -> None:
+    value = f"{LABEL}=true" if to_dra else f"{LABEL}-"
+    kubectl("label", "node", NODE_NAME, value, "--overwrite")
+
+
+def no_pods(label: str) -> bool:
+    return not get("pods", "-n", "kube-system", "-l", label)["items"]
+
+
+def gpu_of(name: str) -> int:
+    """The minor of the whole GPU the pod's container was given (its device nodes)."""
+    return gpu_minor(seen(name))
+
+
+def visible_gpu(name: str) -> int:
+    """The minor of the GPU NVIDIA's plugin gave the pod (its NVIDIA_VISIBLE_DEVICES UUID)."""
+    uuid = exec_in(name, "printenv", "NVIDIA_VISIBLE_DEVICES").strip()
+    return MINOR_OF[uuid]
+
+
+def start(name: str, limits: dict[str, str]) -> None:
+    apply(workload_pod(name, limits))
+
+
+def settle(names: list[str]) -> tuple[list[str], list[str]]:
+    """(running, unschedulable) once every pod is one or the other."""
+
+    def settled() -> tuple[list[str], list[str]] | None:
+        running = [n for n in names if pod_running(n)]
+        waiting = [n for n in names if n not in running and unschedulable_reason(n)]
+        return (running, waiting) if len(running) + len(waiting) == len(names) else None
+
+    return wait_until(f"pods {names} Running or unschedulable", settled, timeout=180)
+
+
+def end(name: str) -> float:
+    """Delete the pod and wait until it is gone; the monotonic time it was."""
+    kubectl("delete", "pod", "-n", "default", name, "--wait=true", "--timeout=120s")
+    return time.monotonic()
+
+
+def record(figure: str, seconds: float) -> None:
+    figures = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    figures[figure] = round(seconds, 1)
+    FIGURES.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"{figure}: {seconds:.1f} s")
+
+
+def dra_devices() -> dict[str, Obj]:
+    return published()
+
+
+def on_gpu(devices: dict[str, Obj], minor: int) -> list[str]:
+    """The published devices that live on the GPU with `minor` (it, or MIG devices of it)."""
+    uuid = next(gpu.uuid for gpu in NODE.gpus if gpu.minor == minor)
+    return [
+        name
+        for name, device in devices.items()
+        if device["attributes"]["nvidia.com/parentUUID"]["string"] == uuid
+    ]
+
+
+def on_gpu_all(minor: int) -> list[str]:
+    """Every device DRA would publish on the GPU with `minor`: the GPU, or its MIG devices."""
+    gpu = next(g for g in NODE.gpus if g.minor == minor)
+    return [m.uuid for m in gpu.mig_devices] if gpu.mig_enabled else [gpu.uuid]
+
+
+def dra_serving(devices: int) -> bool:
+    return bool(daemon_ready(DRIVER_LABEL)) and len(dra_devices()) == devices
+
+
+@pytest.fixture(scope="module", autouse=True)
+def classes() -> Iterator[None]:
+    kubectl("apply", "-f", str(EXTENDED_CLASSES))
+    yield
+    delete_workloads()
+    for manifests in (overlay(PLUGIN_OVERLAY, "NotIn"), overlay(DRA_OVERLAY, "In")):
+        kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", stdin=manifests, check=False)
+    kubectl("delete", "-f", "-", "--wait=true", stdin=reference("NotIn"), check=False)
+    kubectl("delete", "-f", str(EXTENDED_CLASSES), "--wait=true", check=False)
+    flip(False)
+
+
+@pytest.fixture(autouse=True)
+def no_workloads_left() -> Iterator[None]:
+    yield
+    delete_workloads()
+
+
+def test_ours_to_dra_with_a_pod_running_hands_its_gpu_on_only_after_it_ends() -> None:
+    flip(False)
+    apply(overlay(PLUGIN_OVERLAY, "NotIn"))
+    apply(overlay(DRA_OVERLAY, "In"))
+    wait_until(f"{GPU} allocatable 8", lambda: extended(GPU) == 8, timeout=240)
+    start("holder", {GPU: "1"})
+    wait_until("holder Running", lambda: pod_running("holder"))
+    held = gpu_of("holder")
+
+    flip(True)
+    wait_until("the device plugin gone", lambda: no_pods(PLUGIN_LABEL), timeout=120)
+    wait_until("the DRA driver publishing 31 devices", lambda: dra_serving(31), timeout=240)
+    assert on_gpu(dra_devices(), held) == []
+
+    # A driver restart and a kubelet restart in the middle keep the GPU withheld.
+    replace_daemon_pod(DRIVER_LABEL)
+    wait_until("the restarted driver publishing 31 devices", lambda: dra_serving(31))
+    cluster("restart", "kubelet")
+    wait_until("31 devices after the kubelet restart", lambda: dra_serving(31), timeout=240)
+    assert on_gpu(dra_devices(), held) == []
+    assert pod_running("holder") and gpu_of("holder") == held
+
+    names = [f"unchanged-{n}" for n in range(len(WHOLE))]
+    for name in names:
+        start(name, {GPU: "1"})
+    running, waiting = settle(names)
+    assert len(running) == len(WHOLE) - 1 and len(waiting) == 1, (running, waiting)
+    given = [gpu_of(name) for name in running]
+    assert held not in given and len(set(given)) == len(given), (held, given)
+    start("mig", {MIG: "1"})
+    wait_until("an unchanged MIG pod Running through DRA", lambda: pod_running("mig"))
+
+    ended = end("holder")
+    (last,) = waiting
+    wait_until(f"{last} Running on the freed GPU", lambda: pod_running(last), timeout=120)
+    record("ours_to_dra_freed_gpu_to_next_pod_seconds", time.monotonic() - ended)
+    assert gpu_of(last) == held
+
+
+def test_dra_to_ours_with_a_claim_prepared_keeps_its_gpu_from_the_plugin() -> None:
+    assert dra_serving(ALL_DEVICES) or wait_until("every device published", lambda: dra_serving(32))
+    start("claimer", {GPU: "1"})  # through DRA: a claim the scheduler made
+    wait_until("claimer Running", lambda: pod_running("claimer"))
+    held = gpu_of("claimer")
+
+    flip(False)
+    wait_until("the DRA driver gone", lambda: no_pods(DRIVER_LABEL), timeout=120)
+    # 4 whole GPUs x 2 replicas (the seed config), less the claim's GPU
+    wait_until(f"{GPU} allocatable 6", lambda: extended(GPU) == 6, timeout=240)
+    names = [f"back-{n}" for n in range(7)]
+    for name in names:
+        start(name, {GPU: "1"})
+    running, waiting = settle(names)
+    assert len(running) == 6 and len(waiting) == 1, (running, waiting)
+    assert held not in [gpu_of(name) for name in running]
+
+    ended = end("claimer")
+    (last,) = waiting
+    wait_until(f"{last} Running on the freed GPU", lambda: pod_running(last), timeout=180)
+    record("dra_to_ours_freed_gpu_to_next_pod_seconds", time.monotonic() - ended)
+    assert gpu_of(last) == held
+
+
+def test_nvidias_plugin_to_our_dra_driver_with_a_pod_running() -> None:
+    kubectl("delete", "-f", "-", "--wait=true", stdin=overlay(PLUGIN_OVERLAY, "NotIn"))
+    wait_until("our plugin gone", lambda: no_pods(PLUGIN_LABEL), timeout=120)
+    apply(reference("NotIn"))
+    wait_until(f"{GPU} allocatable 8 from NVIDIA's plugin", lambda: extended(GPU) == 8)
+    start("nvidia-holder", {GPU: "1"})
+    wait_until("nvidia-holder Running", lambda: pod_running("nvidia-holder"))
+    held = visible_gpu("nvidia-holder")
+
+    flip(True)
+    wait_until("NVIDIA's plugin gone", lambda: no_pods(REFERENCE_LABEL), timeout=120)
+    expected = ALL_DEVICES - len(on_gpu_all(held))
+    wait_until(f"{expected} devices published", lambda: dra_serving(expected), timeout=240)
+    assert on_gpu(dra_devices(), held) == []
+    names = [f"after-nvidia-{n}" for n in range(len(WHOLE))]
+    for name in names:
+        start(name, {GPU: "1"})
+    running, _ = settle(names)
+    assert held not in [gpu_of(name) for name in running]
+    assert pod_running("nvidia-holder") and visible_gpu("nvidia-holder") == held
+
+
+def test_nvidias_plugin_to_our_plugin_with_a_pod_running() -> None:
+    flip(False)
+    wait_until("the DRA driver gone", lambda: no_pods(DRIVER_LABEL), timeout=120)
+    wait_until("NVIDIA's plugin serving", lambda: daemon_ready(REFERENCE_LABEL), timeout=240)
+    wait_until(f"{GPU} allocatable 8 from NVIDIA's plugin", lambda: extended(GPU) == 8)
+    start("nvidia-holder-2", {GPU: "1"})
+    wait_until("nvidia-holder-2 Running", lambda: pod_running("nvidia-holder-2"))
+    held = visible_gpu("nvidia-holder-2")
+
+    kubectl("delete", "-f", "-", "--wait=true", stdin=reference("NotIn"))
+    apply(overlay(PLUGIN_OVERLAY, "NotIn"))
+    wait_until("our plugin Ready", lambda: daemon_ready(PLUGIN_LABEL), timeout=240)
+    whole_held = any(gpu.minor == held for gpu in WHOLE)
+    expected = 6 if whole_held else 8  # 4 whole GPUs x 2 replicas, less a held one's
+    wait_until(f"{GPU} allocatable {expected}", lambda: extended(GPU) == expected, timeout=120)
+    if not whole_held:  # a MIG GPU held whole: none of its MIG devices is offered
+        gpu = next(g for g in NODE.gpus if g.minor == held)
+        slices = 28 - sum(m.profile == "1g.10gb" for m in gpu.mig_devices)
+        wait_until(f"{MIG} allocatable {slices}", lambda: extended(MIG) == slices)
+    names = [f"ours-after-nvidia-{n}" for n in range(expected)]
+    for name in names:
+        start(name, {GPU: "1"})
+    running, _ = settle(names)
+    assert held not in [gpu_of(name) for name in running]
+    assert pod_running("nvidia-holder-2") and visible_gpu("nvidia-holder-2") == held
