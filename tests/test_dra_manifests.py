@@ -19,7 +19,8 @@ from deviceplugin.explain.resourceapi import read_claims, read_classes
 from deviceplugin.model.slices import build_slices
 from deviceplugin.runtime.options import DEFAULT_DRA_DRIVER, DraServeOptions
 
-DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
+ROOT = Path(__file__).resolve().parent.parent
+DRA = ROOT / "manifests" / "dra"
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
 
@@ -166,12 +167,19 @@ def test_the_daemonset_mounts_what_the_driver_needs_and_holds_no_privilege() -> 
         "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "/var/run/cdi",
         "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
     }
     (container,) = pod["containers"]
-    (device_plugins,) = [
-        m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/device-plugins"
-    ]
-    assert device_plugins.get("readOnly") is True  # only looked at: is a device plugin there?
+    looked_at = {
+        m["mountPath"]: m.get("readOnly")
+        for m in container["volumeMounts"]
+        if m["mountPath"].startswith(("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod"))
+    }
+    # only looked at: is a device plugin there, and what do running pods hold of its devices?
+    assert looked_at == {
+        "/var/lib/kubelet/device-plugins": True,
+        "/var/lib/kubelet/pod-resources": True,
+    }
     assert container["command"] == ["deviceplugin", "dra", "serve"]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert host_paths <= mounts
@@ -239,11 +247,11 @@ def test_the_daemonset_runs_the_dra_image_of_this_version() -> None:
     Kubernetes client, so `dra serve` would exit with startup.missing_dependency there)."""
     import tomllib
 
-    pyproject = DRA.parent.parent / "pyproject.toml"
+    pyproject = ROOT / "pyproject.toml"
     version = tomllib.loads(pyproject.read_text())["project"]["version"]
     (daemonset,) = of_kind("DaemonSet")
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert container["image"] == f"deviceplugin:{version}-dra"
-    makefile = (DRA.parent.parent / "Makefile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
     assert "DRA_IMAGE ?= deviceplugin:$(VERSION)-dra" in makefile
     assert "'[dra]'" in makefile
