@@ -7,6 +7,7 @@ its nvidia.com/dra label."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -309,3 +310,12 @@ def test_the_label_gives_a_gpu_node_to_exactly_one_of_the_two(label: str | None)
     # a node without GPUs gets neither, whatever the label
     del labels["nvidia.com/gpu.present"]
     assert not runs_on(plugin, labels) and not runs_on(driver, labels)
+
+
+def test_the_docs_name_only_manifests_that_exist() -> None:
+    """docs/dra.md's and docs/helm.md's steps point at files to apply and patch: each must be
+    there."""
+    text = "".join((ROOT / "docs" / name).read_text() for name in ("dra.md", "helm.md"))
+    named = {path.rstrip(".") for path in re.findall(r"manifests/[\w./-]+", text)}
+    assert "manifests/overlays/dra-label/deviceplugin/off-dra-nodes.yaml" in named
+    assert [path for path in sorted(named) if not (ROOT / path).exists()] == []
