@@ -1,17 +1,20 @@
 """manifests/dra: valid for every Kubernetes release that serves resource.k8s.io/v1, least
 privilege (the verbs the driver's API calls use, and a ValidatingAdmissionPolicy that keeps its
 slice writes to its own node), the host paths the DRA driver needs, DeviceClasses that `dra
-explain` reads (the CEL compiles, the extended resource names are valid), and the seed's
-template in v1beta1."""
+explain` reads (the CEL compiles, the extended resource names are valid), the seed's template in
+v1beta1, and the overlays that give each node to one of the device plugin and the DRA driver by
+its nvidia.com/dra label."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from nodeplacement import merge_patch, runs_on
 
 from deviceplugin.cli import parse_options
 from deviceplugin.dra.kubeapi import KubeApi
@@ -19,7 +22,8 @@ from deviceplugin.explain.resourceapi import read_claims, read_classes
 from deviceplugin.model.slices import build_slices
 from deviceplugin.runtime.options import DEFAULT_DRA_DRIVER, DraServeOptions
 
-DRA = Path(__file__).resolve().parent.parent / "manifests" / "dra"
+ROOT = Path(__file__).resolve().parent.parent
+DRA = ROOT / "manifests" / "dra"
 VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
 
@@ -166,12 +170,19 @@ def test_the_daemonset_mounts_what_the_driver_needs_and_holds_no_privilege() -> 
         "/var/lib/kubelet/plugins/gpu.nvidia.com",
         "/var/run/cdi",
         "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
     }
     (container,) = pod["containers"]
-    (device_plugins,) = [
-        m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/device-plugins"
-    ]
-    assert device_plugins.get("readOnly") is True  # only looked at: is a device plugin there?
+    looked_at = {
+        m["mountPath"]: m.get("readOnly")
+        for m in container["volumeMounts"]
+        if m["mountPath"].startswith(("/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod"))
+    }
+    # only looked at: is a device plugin there, and what do running pods hold of its devices?
+    assert looked_at == {
+        "/var/lib/kubelet/device-plugins": True,
+        "/var/lib/kubelet/pod-resources": True,
+    }
     assert container["command"] == ["deviceplugin", "dra", "serve"]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     assert host_paths <= mounts
@@ -239,11 +250,72 @@ def test_the_daemonset_runs_the_dra_image_of_this_version() -> None:
     Kubernetes client, so `dra serve` would exit with startup.missing_dependency there)."""
     import tomllib
 
-    pyproject = DRA.parent.parent / "pyproject.toml"
+    pyproject = ROOT / "pyproject.toml"
     version = tomllib.loads(pyproject.read_text())["project"]["version"]
     (daemonset,) = of_kind("DaemonSet")
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     assert container["image"] == f"deviceplugin:{version}-dra"
-    makefile = (DRA.parent.parent / "Makefile").read_text()
+    makefile = (ROOT / "Makefile").read_text()
     assert "DRA_IMAGE ?= deviceplugin:$(VERSION)-dra" in makefile
     assert "'[dra]'" in makefile
+
+
+# --- the nvidia.com/dra label: the device plugin or the DRA driver, per node --------------------
+
+LABEL_OVERLAYS = ROOT / "manifests" / "overlays" / "dra-label"
+
+
+def lists_only_where_the_base_has_none(base: Any, patch: Any) -> bool:
+    """A strategic merge patch is a plain merge where the base has no list the patch sets."""
+    if isinstance(patch, list):
+        return base is None
+    if isinstance(patch, dict):
+        base = base or {}
+        return all(lists_only_where_the_base_has_none(base.get(k), v) for k, v in patch.items())
+    return True
+
+
+def overlaid(name: str) -> dict[str, Any]:
+    """The DaemonSet manifests/overlays/dra-label/<name> applies: its base's, patched."""
+    overlay = LABEL_OVERLAYS / name
+    kustomization = yaml.safe_load((overlay / "kustomization.yaml").read_text())
+    (base_dir,) = (overlay / base for base in kustomization["resources"])
+    base = yaml.safe_load((base_dir / "Kustomization").read_text())
+    (daemonset,) = (
+        document
+        for resource in base["resources"]
+        if resource.endswith(".yaml")
+        for document in yaml.safe_load_all((base_dir / resource).read_text())
+        if document and document["kind"] == "DaemonSet"
+    )
+    (entry,) = kustomization["patches"]
+    patch = yaml.safe_load((overlay / entry["path"]).read_text())
+    assert (patch["apiVersion"], patch["kind"]) == (daemonset["apiVersion"], daemonset["kind"])
+    assert patch["metadata"] == {k: daemonset["metadata"][k] for k in ("name", "namespace")}
+    assert lists_only_where_the_base_has_none(daemonset, patch)
+    patched: dict[str, Any] = merge_patch(daemonset, patch)
+    return patched
+
+
+@pytest.mark.parametrize("label", [None, "true", "false"], ids=["absent", "true", "false"])
+def test_the_label_gives_a_gpu_node_to_exactly_one_of_the_two(label: str | None) -> None:
+    plugin, driver = overlaid("deviceplugin"), overlaid("dra")
+    assert plugin["metadata"]["name"] == "deviceplugin"
+    assert driver["metadata"]["name"] == "deviceplugin-dra"
+    labels = {"nvidia.com/gpu.present": "true"}
+    if label is not None:
+        labels["nvidia.com/dra"] = label
+    assert runs_on(plugin, labels) is (label != "true")
+    assert runs_on(driver, labels) is (label == "true")
+    # a node without GPUs gets neither, whatever the label
+    del labels["nvidia.com/gpu.present"]
+    assert not runs_on(plugin, labels) and not runs_on(driver, labels)
+
+
+def test_the_docs_name_only_manifests_that_exist() -> None:
+    """docs/dra.md's and docs/helm.md's steps point at files to apply and patch: each must be
+    there."""
+    text = "".join((ROOT / "docs" / name).read_text() for name in ("dra.md", "helm.md"))
+    named = {path.rstrip(".") for path in re.findall(r"manifests/[\w./-]+", text)}
+    assert "manifests/overlays/dra-label/deviceplugin/off-dra-nodes.yaml" in named
+    assert [path for path in sorted(named) if not (ROOT / path).exists()] == []

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from dranode import inventory
+from nodeplacement import runs_on
 
 from deviceplugin.cli import SERVE_ENV_VARS
 from deviceplugin.model.config import load_config_text, parse_config
@@ -70,6 +71,11 @@ def of_kind(docs: list[Doc], kind: str) -> list[Doc]:
 
 def plugin(docs: list[Doc]) -> Doc:
     (ds,) = [d for d in of_kind(docs, "DaemonSet") if not d["metadata"]["name"].endswith("-dra")]
+    return ds
+
+
+def driver(docs: list[Doc]) -> Doc:
+    (ds,) = [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("-dra")]
     return ds
 
 
@@ -472,3 +478,107 @@ def test_the_mps_shared_namespaces_reach_the_driver_only_when_given() -> None:
         docs = render("--set", "dra.enabled=true", *flags)
         (driver,) = [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("dra")]
         assert container_env(driver).get("DP_DRA_MPS_SHARED_NAMESPACES") == expected
+
+
+# --- migration.modeLabel: the device plugin or the DRA driver, per node ------------------------
+
+BOTH = ("--set", "dra.enabled=true")
+MODE_LABEL = ("--set", "migration.modeLabel=nvidia.com/dra")
+MODE_LABEL_VALUES = ("--values", str(CHART / "ci" / "mode-label-values.yaml"))
+POD_RESOURCES = "/var/lib/kubelet/pod-resources"
+
+
+def pod_spec(ds: Doc) -> Doc:
+    spec: Doc = ds["spec"]["template"]["spec"]
+    return spec
+
+
+def required_terms(ds: Doc) -> list[Doc]:
+    node = pod_spec(ds)["affinity"]["nodeAffinity"]
+    terms: list[Doc] = node["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return terms
+
+
+def test_the_mode_label_is_off_by_default() -> None:
+    assert VALUES["migration"] == {"modeLabel": ""}
+
+
+@needs_helm
+def test_without_the_mode_label_both_daemonsets_render_as_before() -> None:
+    docs = render(*BOTH)
+    for ds in (plugin(docs), driver(docs)):
+        assert "affinity" not in pod_spec(ds)
+        assert pod_spec(ds)["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    given = yaml.safe_load((CHART / "ci" / "mode-label-values.yaml").read_text())["affinity"]
+    docs = render(*MODE_LABEL_VALUES, "--set", "migration.modeLabel=")
+    for ds in (plugin(docs), driver(docs)):
+        assert pod_spec(ds)["affinity"] == given
+
+
+@needs_helm
+def test_the_mode_label_keeps_the_plugin_off_and_the_driver_on_labelled_nodes() -> None:
+    docs = render(*BOTH, *MODE_LABEL)
+    for ds, operator in ((plugin(docs), "NotIn"), (driver(docs), "In")):
+        assert pod_spec(ds)["affinity"] == {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "nvidia.com/dra", "operator": operator, "values": ["true"]}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+        assert pod_spec(ds)["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+
+
+@needs_helm
+@pytest.mark.parametrize("label", [None, "true", "false"], ids=["absent", "true", "false"])
+@pytest.mark.parametrize("args", [MODE_LABEL, MODE_LABEL_VALUES], ids=["alone", "merged"])
+def test_with_the_mode_label_a_gpu_node_runs_exactly_one_of_the_two(
+    args: tuple[str, ...], label: str | None
+) -> None:
+    docs = render(*BOTH, *args)
+    labels = {"nvidia.com/gpu.present": "true", "topology.kubernetes.io/zone": "zone-a"}
+    if label is not None:
+        labels["nvidia.com/dra"] = label
+    assert runs_on(plugin(docs), labels) is (label != "true")
+    assert runs_on(driver(docs), labels) is (label == "true")
+
+
+@needs_helm
+def test_the_mode_label_is_anded_into_every_term_of_ones_own_affinity() -> None:
+    docs = render(*MODE_LABEL_VALUES)
+    given = yaml.safe_load((CHART / "ci" / "mode-label-values.yaml").read_text())["affinity"]
+    given_terms = given["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    for ds, operator in ((plugin(docs), "NotIn"), (driver(docs), "In")):
+        label = {"key": "nvidia.com/dra", "operator": operator, "values": ["true"]}
+        # each DaemonSet its own term only: rendering one leaves the values as they were
+        assert required_terms(ds) == [
+            {"matchExpressions": [*term["matchExpressions"], label]}
+            for term in given_terms["nodeSelectorTerms"]
+        ]
+        node = pod_spec(ds)["affinity"]["nodeAffinity"]
+        preferred = "preferredDuringSchedulingIgnoredDuringExecution"
+        assert node[preferred] == given["nodeAffinity"][preferred]
+        # the other term (ORed) carries the label too: a node it picks is not given to both
+        pool = {"nvidia.com/gpu.present": "true", "example.com/node-pool": "gpu"}
+        assert runs_on(ds, pool | {"nvidia.com/dra": "true"}) is (operator == "In")
+        assert runs_on(ds, pool) is (operator == "NotIn")
+        assert not runs_on(ds, {"nvidia.com/gpu.present": "true"})  # neither term: neither
+
+
+@needs_helm
+def test_both_daemonsets_read_the_pod_resources_api_and_cannot_write_there() -> None:
+    docs = render(*BOTH)
+    for ds in (plugin(docs), driver(docs)):
+        spec = pod_spec(ds)
+        (volume,) = [
+            v for v in spec["volumes"] if v.get("hostPath", {}).get("path") == POD_RESOURCES
+        ]
+        assert volume["hostPath"]["type"] == "Directory"
+        mounts = [m for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+        assert mounts == [{"name": volume["name"], "mountPath": POD_RESOURCES, "readOnly": True}]

@@ -89,3 +89,25 @@ not one of them: the operator sets that one. */}}
 {{- define "deviceplugin.tokenUser" -}}
 system:serviceaccount:{{ .root.Release.Namespace }}:{{ .name }}
 {{- end -}}
+
+{{/* A DaemonSet's affinity: .Values.affinity, and with migration.modeLabel set, the expression
+`<label> <operator> ["true"]` ANDed into each of its required node selector terms (the terms are
+ORed, so every one must carry it; none given, it is the only term). The argument is a dict:
+root (the chart's context) and operator (NotIn for the device plugin, In for the DRA driver), so
+on each node exactly one of the two runs and flipping the label moves the node. */}}
+{{- define "deviceplugin.affinity" -}}
+{{- $affinity := deepCopy (.root.Values.affinity | default dict) -}}
+{{- with .root.Values.migration.modeLabel -}}
+{{- $expression := dict "key" . "operator" $.operator "values" (list "true") -}}
+{{- $node := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := list -}}
+{{- range get $required "nodeSelectorTerms" | default (list dict) -}}
+{{- $terms = append $terms (set . "matchExpressions" (append (get . "matchExpressions" | default list) $expression)) -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $terms -}}
+{{- $_ = set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ = set $affinity "nodeAffinity" $node -}}
+{{- end -}}
+{{- with $affinity }}{{ toYaml . }}{{ end -}}
+{{- end -}}
