@@ -298,7 +298,9 @@ def overlaid(name: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("label", [None, "true", "false"], ids=["absent", "true", "false"])
-def test_the_label_gives_a_gpu_node_to_exactly_one_of_the_two(label: str | None) -> None:
+def test_the_label_gives_true_to_the_driver_alone_and_keeps_it_beside_the_plugin_on_false(
+    label: str | None,
+) -> None:
     plugin, driver = overlaid("deviceplugin"), overlaid("dra")
     assert plugin["metadata"]["name"] == "deviceplugin"
     assert driver["metadata"]["name"] == "deviceplugin-dra"
@@ -306,7 +308,7 @@ def test_the_label_gives_a_gpu_node_to_exactly_one_of_the_two(label: str | None)
     if label is not None:
         labels["nvidia.com/dra"] = label
     assert runs_on(plugin, labels) is (label != "true")
-    assert runs_on(driver, labels) is (label == "true")
+    assert runs_on(driver, labels) is (label is not None)
     # a node without GPUs gets neither, whatever the label
     del labels["nvidia.com/gpu.present"]
     assert not runs_on(plugin, labels) and not runs_on(driver, labels)

@@ -484,6 +484,8 @@ def test_the_mps_shared_namespaces_reach_the_driver_only_when_given() -> None:
 
 BOTH = ("--set", "dra.enabled=true")
 MODE_LABEL = ("--set", "migration.modeLabel=nvidia.com/dra")
+PLUGIN_TERM = {"key": "nvidia.com/dra", "operator": "NotIn", "values": ["true"]}
+DRIVER_TERM = {"key": "nvidia.com/dra", "operator": "Exists"}
 MODE_LABEL_VALUES = ("--values", str(CHART / "ci" / "mode-label-values.yaml"))
 POD_RESOURCES = "/var/lib/kubelet/pod-resources"
 
@@ -518,17 +520,11 @@ def test_without_the_mode_label_both_daemonsets_render_as_before() -> None:
 @needs_helm
 def test_the_mode_label_keeps_the_plugin_off_and_the_driver_on_labelled_nodes() -> None:
     docs = render(*BOTH, *MODE_LABEL)
-    for ds, operator in ((plugin(docs), "NotIn"), (driver(docs), "In")):
+    for ds, expression in ((plugin(docs), PLUGIN_TERM), (driver(docs), DRIVER_TERM)):
         assert pod_spec(ds)["affinity"] == {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": "nvidia.com/dra", "operator": operator, "values": ["true"]}
-                            ]
-                        }
-                    ]
+                    "nodeSelectorTerms": [{"matchExpressions": [expression]}]
                 }
             }
         }
@@ -538,15 +534,17 @@ def test_the_mode_label_keeps_the_plugin_off_and_the_driver_on_labelled_nodes() 
 @needs_helm
 @pytest.mark.parametrize("label", [None, "true", "false"], ids=["absent", "true", "false"])
 @pytest.mark.parametrize("args", [MODE_LABEL, MODE_LABEL_VALUES], ids=["alone", "merged"])
-def test_with_the_mode_label_a_gpu_node_runs_exactly_one_of_the_two(
+def test_with_the_mode_label_a_labelled_node_has_the_driver_and_only_true_lacks_the_plugin(
     args: tuple[str, ...], label: str | None
 ) -> None:
+    """`true`: the DRA driver alone; absent: the device plugin alone; `false` (moved back): the
+    device plugin, with the driver beside it to release the claims it prepared."""
     docs = render(*BOTH, *args)
     labels = {"nvidia.com/gpu.present": "true", "topology.kubernetes.io/zone": "zone-a"}
     if label is not None:
         labels["nvidia.com/dra"] = label
     assert runs_on(plugin(docs), labels) is (label != "true")
-    assert runs_on(driver(docs), labels) is (label == "true")
+    assert runs_on(driver(docs), labels) is (label is not None)
 
 
 @needs_helm
@@ -554,8 +552,7 @@ def test_the_mode_label_is_anded_into_every_term_of_ones_own_affinity() -> None:
     docs = render(*MODE_LABEL_VALUES)
     given = yaml.safe_load((CHART / "ci" / "mode-label-values.yaml").read_text())["affinity"]
     given_terms = given["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    for ds, operator in ((plugin(docs), "NotIn"), (driver(docs), "In")):
-        label = {"key": "nvidia.com/dra", "operator": operator, "values": ["true"]}
+    for ds, label in ((plugin(docs), PLUGIN_TERM), (driver(docs), DRIVER_TERM)):
         # each DaemonSet its own term only: rendering one leaves the values as they were
         assert required_terms(ds) == [
             {"matchExpressions": [*term["matchExpressions"], label]}
@@ -566,8 +563,8 @@ def test_the_mode_label_is_anded_into_every_term_of_ones_own_affinity() -> None:
         assert node[preferred] == given["nodeAffinity"][preferred]
         # the other term (ORed) carries the label too: a node it picks is not given to both
         pool = {"nvidia.com/gpu.present": "true", "example.com/node-pool": "gpu"}
-        assert runs_on(ds, pool | {"nvidia.com/dra": "true"}) is (operator == "In")
-        assert runs_on(ds, pool) is (operator == "NotIn")
+        assert runs_on(ds, pool | {"nvidia.com/dra": "true"}) is (label is DRIVER_TERM)
+        assert runs_on(ds, pool) is (label is PLUGIN_TERM)
         assert not runs_on(ds, {"nvidia.com/gpu.present": "true"})  # neither term: neither
 
 

@@ -91,14 +91,16 @@ system:serviceaccount:{{ .root.Release.Namespace }}:{{ .name }}
 {{- end -}}
 
 {{/* A DaemonSet's affinity: .Values.affinity, and with migration.modeLabel set, the expression
-`<label> <operator> ["true"]` ANDed into each of its required node selector terms (the terms are
-ORed, so every one must carry it; none given, it is the only term). The argument is a dict:
-root (the chart's context) and operator (NotIn for the device plugin, In for the DRA driver), so
-on each node exactly one of the two runs and flipping the label moves the node. */}}
+`<label> NotIn ["true"]` (the device plugin) or `<label> Exists` (the DRA driver) ANDed into each
+of its required node selector terms (the terms are ORed, so every one must carry it; none given,
+it is the only term). The argument is a dict: root (the chart's context) and operator. So only
+the DRA driver serves a node labelled "true"; on one labelled "false" (moved back) the driver
+stays beside the device plugin to release the claims it prepared, and publishes nothing. */}}
 {{- define "deviceplugin.affinity" -}}
 {{- $affinity := deepCopy (.root.Values.affinity | default dict) -}}
 {{- with .root.Values.migration.modeLabel -}}
-{{- $expression := dict "key" . "operator" $.operator "values" (list "true") -}}
+{{- $expression := dict "key" . "operator" $.operator -}}
+{{- if eq $.operator "NotIn" }}{{ $_ := set $expression "values" (list "true") }}{{ end -}}
 {{- $node := get $affinity "nodeAffinity" | default dict -}}
 {{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
 {{- $terms := list -}}
