@@ -126,16 +126,16 @@ def plugin_device_holds(
         return []  # a GPU this node does not have (any more): nothing here to withhold
     index = _INDEX_ID.fullmatch(physical)
     if index is not None:
-        gpu = _by(inventory.gpus, index=int(index.group(1)))
-        if gpu is None:
+        indexed = _by(inventory.gpus, index=int(index.group(1)))
+        if indexed is None:
             return []
         if index.group(2) is None:
-            return [Held(gpu.uuid, None, holder, source)]
-        migs = [m for m in gpu.mig_devices if m.index == int(index.group(2))]
+            return [Held(indexed.uuid, None, holder, source)]
+        migs = [m for m in indexed.mig_devices if m.index == int(index.group(2))]
         if migs:
-            return [Held(gpu.uuid, migs[0].uuid, holder, source)]
-        why = f"GPU {gpu.index} has no MIG device {index.group(2)}"
-        return [Held(gpu.uuid, None, holder, source, why)]
+            return [Held(indexed.uuid, migs[0].uuid, holder, source)]
+        why = f"GPU {indexed.index} has no MIG device {index.group(2)}"
+        return [Held(indexed.uuid, None, holder, source, why)]
     if physical.startswith("MIG-"):
         # MIG devices are re-cut under new UUIDs: any GPU with MIG on could hold it.
         candidates = [gpu for gpu in inventory.gpus if gpu.mig_enabled] or list(inventory.gpus)
