@@ -131,6 +131,7 @@ SERVE_MODULES = _COMMON_MODULES | frozenset(
         "deviceplugin.node.hostdevices",
         "deviceplugin.plugin",
         "deviceplugin.plugin.cdispec",
+        "deviceplugin.plugin.draholds",  # small; its PodResources client loads only with the socket
         "deviceplugin.plugin.service",
         "deviceplugin.plugin.supervisor",
         "deviceplugin.wire.deviceplugin",

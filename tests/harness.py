@@ -21,6 +21,7 @@ from deviceplugin.plugin.supervisor import Supervisor
 from deviceplugin.runtime.options import ServeOptions
 from deviceplugin.sim.hostroot import EVENTS_FILE
 from deviceplugin.sim.kubelet import KubeletEmulator
+from deviceplugin.sim.podresources import PodResourcesEmulator
 from deviceplugin.sim.simulator import simulator_for
 
 SEED = SEED_CONFIG
@@ -35,6 +36,7 @@ class Plugin:
     supervisor: Supervisor
     events: Path
     task: asyncio.Task[None]
+    pods: PodResourcesEmulator | None = None  # the kubelet's PodResources, when asked for
 
     @property
     def kubelet_dir(self) -> Path:
@@ -84,14 +86,22 @@ async def running_plugin(
     cdi_spec_dir: Path | None = None,
     driver_root: Path | None = None,
     mps_check_seconds: float = 5.0,
+    pod_resources: Callable[[PodResourcesEmulator], object] | None = None,
 ) -> AsyncIterator[Plugin]:
     """`kubelet_type` makes the emulator on the kubelet directory (a subclass can observe
     registrations); `cdi_spec_dir` replaces `<root>/cdi`. With `driver_root` (a sim-root tree),
-    no `--simulate`: the production path on the simulated libnvidia-ml.so.1 there."""
+    no `--simulate`: the production path on the simulated libnvidia-ml.so.1 there. With
+    `pod_resources`, the kubelet's PodResources emulator serves before the plugin starts,
+    reporting what `pod_resources` records in it."""
     root = Path(tempfile.mkdtemp(prefix="dpt"))
     kubelet = kubelet_type(root / "k")
     if start_kubelet:
         await kubelet.start()
+    pods = None
+    if pod_resources is not None:
+        pods = PodResourcesEmulator(root)  # beside the kubelet directory, as on a node
+        pod_resources(pods)
+        await pods.start()
     if configmap:
         config = write_configmap(root / "cm", config_text)
     else:
@@ -116,7 +126,7 @@ async def running_plugin(
         settings, Metrics(), simulator_for(settings.simulate), mps_check_seconds=mps_check_seconds
     )
     task = asyncio.get_running_loop().create_task(run_supervisor(supervisor))
-    plugin = Plugin(root, kubelet, supervisor, events, task)
+    plugin = Plugin(root, kubelet, supervisor, events, task, pods)
     try:
         if wait_registered:
             await plugin.until(lambda: plugin.settled() or task.done(), timeout=10)
@@ -127,6 +137,8 @@ async def running_plugin(
         supervisor.engine.request_stop()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 10)
+        if pods is not None:
+            await pods.stop()
         await kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)
 

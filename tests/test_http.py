@@ -23,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import deviceplugin.ops.http
+import deviceplugin.runtime.engine
 from deviceplugin.demos.plugin import SEED_CONFIG
 from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
 from deviceplugin.model.errors import ConfigError
@@ -257,6 +258,8 @@ def test_readyz_follows_registration_and_kubelet_restarts() -> None:
 
 def test_pod_gauge_follows_the_kubelet_assignments(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(deviceplugin.ops.http, "POD_REFRESH_SECONDS", 0.3)
+    # the periodic check lists pods too (what DRA claims hold): only the scrapes' calls here
+    monkeypatch.setattr(deviceplugin.runtime.engine, "SOCKET_CHECK_SECONDS", 3600.0)
 
     async def scenario() -> None:
         async with running_plugin() as plugin:

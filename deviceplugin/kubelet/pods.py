@@ -13,18 +13,12 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.kubelet.registration import KUBELET_SOCKET
+from deviceplugin.kubelet.registration import pod_resources_socket as pod_resources_socket
 from deviceplugin.model.assignments import ClaimDevice, PodDevice, PodDevices, PodResources
 from deviceplugin.model.errors import PodResourcesError
 from deviceplugin.wire.podresources.v1 import api_pb2, api_pb2_grpc
 
 LIST_TIMEOUT_SECONDS = 2.0
-
-
-def pod_resources_socket(kubelet_dir: Path) -> Path:
-    """`<kubelet-dir>/../pod-resources/kubelet.sock`: the kubelet's own path for the default
-    `/var/lib/kubelet/device-plugins`, and a sibling of any other directory (tests, demo)."""
-    return kubelet_dir.parent / "pod-resources" / KUBELET_SOCKET
 
 
 def claim_devices(response: api_pb2.ListPodResourcesResponse) -> tuple[ClaimDevice, ...]:

@@ -28,6 +28,13 @@ FIRST_RETRY_DELAY = 0.1  # then doubling, up to
 MAX_RETRY_DELAY = 5.0
 
 
+def pod_resources_socket(kubelet_dir: Path) -> Path:
+    """`<kubelet-dir>/../pod-resources/kubelet.sock`: the kubelet's own path for the default
+    `/var/lib/kubelet/device-plugins`, and a sibling of any other directory (tests, demo). Here,
+    beside `kubelet.sock`, so `serve` can look for it without loading the PodResources client."""
+    return kubelet_dir.parent / "pod-resources" / KUBELET_SOCKET
+
+
 async def register(
     kubelet_dir: Path, endpoint: str, resource: str, sent: Callable[[], None] | None = None
 ) -> None:

@@ -154,6 +154,13 @@ class Metrics(SharedMetrics):
             ["resource", "device", "physical", "gpu", "namespace", "pod", "container"],
             registry=r,
         )
+        self.held_by_dra = Gauge(
+            "deviceplugin_devices_held_by_dra",
+            "Device IDs advertised Unhealthy because prepared DRA claims hold their GPU or MIG"
+            " device (PodResources dynamic_resources), per resource.",
+            ["resource"],
+            registry=r,
+        )
 
     def set_resources(self, resources: Mapping[str, ResourceSet]) -> None:
         """Publish device counts per resource and health; resources that went away read 0."""
@@ -162,6 +169,15 @@ class Metrics(SharedMetrics):
             healthy = resource.healthy_count
             self.devices.labels(name, "Healthy").set(healthy)
             self.devices.labels(name, "Unhealthy").set(len(resource.devices) - healthy)
+
+    def set_held_by_dra(
+        self, resources: Mapping[str, ResourceSet], held: Mapping[str, Mapping[str, str]]
+    ) -> None:
+        """Publish how many IDs of each resource prepared DRA claims hold (`held`: resource ->
+        ID -> why); resources that went away read 0."""
+        self.held_by_dra.clear()
+        for name in resources:
+            self.held_by_dra.labels(name).set(len(held.get(name, ())))
 
     def set_allocated(self, pods: PodDevices | None, resources: Mapping[str, ResourceSet]) -> None:
         """Publish who holds which of our devices, with the physical device and parent GPU
@@ -230,6 +246,11 @@ class NoMetrics(NoSharedMetrics, Metrics):
     histogram nobody reads."""
 
     def set_resources(self, resources: Mapping[str, ResourceSet]) -> None:
+        pass
+
+    def set_held_by_dra(
+        self, resources: Mapping[str, ResourceSet], held: Mapping[str, Mapping[str, str]]
+    ) -> None:
         pass
 
     def set_allocated(self, pods: PodDevices | None, resources: Mapping[str, ResourceSet]) -> None:

@@ -52,6 +52,8 @@ def build_snapshot(
         ],
         "notes": list(notes),
     }
+    if status is not None and status.dra_holds is not None:
+        document["dra_holds"] = dict(status.dra_holds)
     if pods_socket is not None:
         document["pods"] = {
             "socket": str(pods_socket),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from deviceplugin.model.record import record
 from deviceplugin.model.resources import ResourceSet
@@ -19,6 +20,7 @@ class Status:
     registered: frozenset[str]
     kubelet_restarting: bool
     cdi_spec_error: str | None = None  # why the CDI spec could not be written; None when it was
+    dra_holds: Mapping[str, Any] | None = None  # what prepared DRA claims withhold (`draholds`)
 
     @property
     def not_ready(self) -> list[str]:

@@ -3,7 +3,7 @@
 SIGTERM/SIGINT stop the plugin (servers stopped, sockets removed, NVML shut down); SIGHUP forces
 a reload (`runtime.run`, as for `dra serve`). Watchers catch ConfigMap swaps and kubelet
 restarts at once; a cheap periodic check catches what they cannot see (a MIG re-cut, a missed
-file event).
+file event) and follows the GPUs prepared DRA claims hold (`draholds`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ logger = logging.getLogger(__name__)
 
 
 async def _often(supervisor: Supervisor) -> None:
-    """Check the kubelet's sockets and retry a CDI spec that could not be written."""
+    """Check the kubelet's sockets, retry a CDI spec that could not be written, and follow what
+    prepared DRA claims hold."""
     await supervisor.check_kubelet("periodic check")
     await supervisor.retry_cdi_spec()
+    await supervisor.check_dra_holds()
 
 
 async def run_supervisor(

@@ -7,7 +7,9 @@ list on their live stream, removed ones stop (socket removed), new ones start an
 Only a kubelet restart re-registers everything. The MPS control daemons of MPS-shared resources
 (`node.mpsdaemon`) follow the same step, before the servers: started, restarted when their
 limits change, stopped when MPS goes; a daemon that is down makes its resource's devices
-Unhealthy until a periodic check has started it again. All state lives on one asyncio loop; worker
+Unhealthy until a periodic check has started it again. Devices that prepared DRA claims still
+hold (`draholds`: read at start and by the periodic check) are Unhealthy until the kubelet no
+longer reports the claims. All state lives on one asyncio loop; worker
 threads (NVML event wait, file watchers) hand work to it with call_soon_threadsafe.
 
 The config file is untrusted input: it is read, parsed and planned from off the loop, each step
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deviceplugin.kubelet.registrar import Registrar
+from deviceplugin.kubelet.registration import pod_resources_socket
 from deviceplugin.kubelet.responder import NodeAllocator
 from deviceplugin.kubelet.server import PluginServer
 from deviceplugin.model.allocation import AllocateOptions
@@ -42,6 +45,7 @@ from deviceplugin.node.hostdevices import HostDevices
 from deviceplugin.node.mpsdaemon import CONTROL_PROGRAM, MpsControl, MpsDaemons, control_program
 from deviceplugin.ops.metrics import Metrics
 from deviceplugin.plugin.cdispec import CdiSpecKeeper
+from deviceplugin.plugin.draholds import DraHolds, HeldIds, withhold
 from deviceplugin.runtime.background import spawn
 from deviceplugin.runtime.engine import STOP_GRACE_SECONDS, NodeEngine
 from deviceplugin.runtime.host import Simulator
@@ -86,6 +90,8 @@ class Supervisor:
         self._mps = MpsDaemons(self._set_compute_mode)
         self._mps_check_seconds = mps_check_seconds
         self._mps_checks: asyncio.Task[None] | None = None
+        self._holds = DraHolds(pod_resources_socket(settings.kubelet_dir))
+        self._held: HeldIds = {}  # what the last reconcile withheld for DRA claims
         self._started = False
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -111,9 +117,12 @@ class Supervisor:
             return
         inventory = await engine.discover_first()
         self._use_plan(inventory, await self._plan(inventory, config))
+        claims = await self._holds.read()  # no GPU a claim holds is ever advertised Healthy
 
         async def first() -> None:
             self._cdi.sync(engine.inventory, config)  # every CDI name defined before registering
+            if claims is not None:
+                self._holds.adopt(claims, engine.inventory)
             await self._reconcile()
 
         await engine.change(first, None)
@@ -140,11 +149,10 @@ class Supervisor:
     def endpoints(self, address: str) -> HttpServer:
         """/healthz, /readyz, /metrics, /status and the pods holding devices on `address`."""
         # The HTTP stack and the pod-resources client only for a plugin that serves HTTP.
-        from deviceplugin.kubelet.pods import pod_resources_socket, read_pods
+        from deviceplugin.kubelet.pods import read_pods
         from deviceplugin.ops.http import HttpServer
 
-        socket = pod_resources_socket(self.settings.kubelet_dir)
-        return HttpServer(address, self, socket, read_pods=read_pods)
+        return HttpServer(address, self, self._holds.socket, read_pods=read_pods)
 
     def status(self) -> Status:
         from deviceplugin.ops.status import Status  # read by /readyz, /status and inspect only
@@ -155,6 +163,7 @@ class Supervisor:
             registered=self._registrar.registered,
             kubelet_restarting=self._registrar.restarting,
             cdi_spec_error=self._cdi.error,
+            dra_holds=self._holds.document(self._held),
         )
 
     @property
@@ -211,6 +220,21 @@ class Supervisor:
 
         await self.engine.change(check, None)
 
+    async def check_dra_holds(self) -> None:
+        """Follow what prepared DRA claims hold: one List of the kubelet's PodResources, off
+        the serialized path (it waits on the kubelet); a change is applied on it."""
+        if self.engine.inventory is None:  # nothing advertised, nothing to withhold
+            return
+        claims = await self._holds.read()
+        if claims is None:
+            return
+
+        async def apply() -> None:
+            if self._holds.adopt(claims, self.engine.inventory):
+                await self._reconcile()
+
+        await self.engine.change(apply, None)
+
     def _note_socket_names(self) -> None:
         self._socket_names = frozenset(s.socket_path.name for s in self._servers.values())
 
@@ -234,6 +258,7 @@ class Supervisor:
         assert engine.parsed is not None
         self._configure(engine.parsed, desired.options)
         self._cdi.sync(engine.inventory, engine.config)
+        self._holds.remap(engine.inventory)  # a MIG re-cut moves what a claim's device names
         await self._reconcile()
 
     async def _health_changed(self, change: HealthChange) -> Mapping[str, Any]:
@@ -307,7 +332,8 @@ class Supervisor:
         """Diff the desired resource sets against the running servers and apply the difference."""
         await self._apply_mps()
         healthy = apply_health(self._planned, self.engine.unhealthy)
-        desired = with_daemons_down(healthy, self._mps.down)
+        self._held = self._holds.held_ids(self._planned)
+        desired = withhold(with_daemons_down(healthy, self._mps.down), self._held)
         for name in [n for n in self._servers if n not in desired]:
             removed = self._servers.pop(name)
             self._registrar.forget(name)
@@ -341,3 +367,4 @@ class Supervisor:
                 self._registrar.register(server)
         self._note_socket_names()
         self.metrics.set_resources(desired)
+        self.metrics.set_held_by_dra(desired, self._held)

@@ -63,7 +63,7 @@ from deviceplugin.runtime.options import EngineOptions
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 1.0  # how long a stopping gRPC server lets calls in flight finish
-SOCKET_CHECK_SECONDS = 5.0  # the cheap periodic checks (sockets, CDI spec, device plugins)
+SOCKET_CHECK_SECONDS = 5.0  # the cheap periodic checks (sockets, CDI spec, the other allocator)
 REDISCOVER_SECONDS = 60.0  # how often the node is read again (a MIG re-cut, a GPU gone)
 SHUTDOWN_WAIT_SECONDS = 10.0  # how long shutdown waits for the change in flight to end
 
