@@ -161,6 +161,7 @@ DRA_SERVE_MODULES = _COMMON_MODULES | frozenset(
         "deviceplugin.dra.opaquebounds",
         "deviceplugin.dra.opaquetypes",
         "deviceplugin.dra.plugin",
+        "deviceplugin.dra.pluginholds",  # small; its PodResources client loads only with the socket
         "deviceplugin.dra.prepare",
         "deviceplugin.dra.publisher",
         "deviceplugin.dra.registration",
@@ -168,7 +169,9 @@ DRA_SERVE_MODULES = _COMMON_MODULES | frozenset(
         "deviceplugin.dra.shares",
         "deviceplugin.dra.slicewatch",
         "deviceplugin.model.cdi",
+        "deviceplugin.model.assignments",
         "deviceplugin.model.jsonobject",
+        "deviceplugin.model.owners",
         "deviceplugin.model.quantity",
         "deviceplugin.node.hostscan",
         "deviceplugin.node.nvml_mig",

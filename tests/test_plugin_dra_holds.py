@@ -290,3 +290,35 @@ def test_withhold_marks_held_healthy_ids_and_keeps_other_reasons() -> None:
         ("GPU-c", Health.HEALTHY, ""),
     ]
     assert withhold({GPU: resource}, {}) == {GPU: resource}
+
+
+def test_a_gpu_another_device_plugin_gave_a_running_pod_is_not_offered_again() -> None:
+    """NVIDIA's plugin served the node (IDs: bare UUIDs, or index IDs) and a pod still holds a
+    GPU: our replicas of it stay Unhealthy until the pod ends. Our own IDs, and replica IDs of a
+    GPU we share by replicas ourselves (an old replica count), hold nothing."""
+
+    async def body() -> None:
+        async with running_plugin(pod_resources=lambda pods: None) as plugin:
+            kubelet, pods = plugin.kubelet, plugin.pods
+            assert pods is not None and kubelet.allocatable(GPU) == 8
+            held_gpu, other_gpu = gpu_uuid(plugin, WHOLE), gpu_uuid(plugin, WHOLE + 1)
+            pods.assign("default", "ours", "main", GPU, [f"{other_gpu}::1"])
+            pods.assign("default", "older", "main", GPU, [f"{other_gpu}::7"])
+            await changes_done(plugin)
+            await plugin.until(lambda: holds(plugin)["held_by_other_plugins"] == [])
+            assert kubelet.allocatable(GPU) == 8
+            pods.assign("default", "nvidia", "main", GPU, [held_gpu])
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 6)
+            held = ids_on(plugin, GPU, held_gpu)
+            assert unhealthy_at_kubelet(plugin, GPU) == held
+            assert advertised(plugin, GPU, held[0]).reason == (
+                f"held by {GPU} {held_gpu} (pod default/nvidia) from another device plugin"
+            )
+            (entry,) = holds(plugin)["held_by_other_plugins"]
+            assert (entry["gpu"], entry["holder"]) == (held_gpu, "default/nvidia")
+
+            pods.release("default", "nvidia")
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 8)
+            assert holds(plugin)["held_by_other_plugins"] == []
+
+    run(body())

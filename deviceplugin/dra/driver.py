@@ -60,7 +60,7 @@ from deviceplugin.dra.mpsclient import DaemonHome
 from deviceplugin.dra.mpsdevices import HOMES_DIR, MpsDevices
 from deviceplugin.dra.mpstenants import MpsTenancy
 from deviceplugin.dra.plugin import DraServer
-from deviceplugin.dra.pluginholds import PluginHolds
+from deviceplugin.dra.pluginholds import POD_RESOURCES_SOCKET, PluginHolds
 from deviceplugin.dra.prepare import NodeDevices, Preparer
 from deviceplugin.dra.publisher import SlicePublisher
 from deviceplugin.dra.registration import (
@@ -70,7 +70,6 @@ from deviceplugin.dra.registration import (
     registration_socket,
 )
 from deviceplugin.dra.slicewatch import SliceWatch
-from deviceplugin.kubelet.pods import pod_resources_socket
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
@@ -140,7 +139,7 @@ class DraDriver:
         self._device_plugins: tuple[str, ...] = ()  # live NVIDIA device-plugin sockets
         # what pods of a device plugin that left hold (a migration with pods running)
         self.plugin_holds = PluginHolds(
-            pod_resources_socket(self._device_plugins_dir), self._device_plugins_dir
+            settings.kubelet_root / POD_RESOURCES_SOCKET, self._device_plugins_dir
         )
 
     @property

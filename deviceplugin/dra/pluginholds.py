@@ -23,7 +23,7 @@ import json
 import logging
 from pathlib import Path
 
-from deviceplugin.kubelet.pods import list_pod_resources
+from deviceplugin.model.assignments import PodResources
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import PodResourcesError
 from deviceplugin.model.log import log_event
@@ -32,6 +32,7 @@ from deviceplugin.model.owners import NVIDIA_DOMAIN, Held, Holdings, held_by_dev
 logger = logging.getLogger(__name__)
 
 KUBELET_CHECKPOINT = "kubelet_internal_checkpoint"  # the device manager's, in device-plugins/
+POD_RESOURCES_SOCKET = Path("pod-resources") / "kubelet.sock"  # under the kubelet's root
 UNKNOWN_HOLDER = "unknown"
 
 
@@ -64,7 +65,7 @@ class PluginHolds:
         if not self.plugin_seen:
             self.plugin_seen = self._kubelet_remembers_plugin()
         try:
-            found = await list_pod_resources(self.socket)
+            found = await _list(self.socket)
         except PodResourcesError as err:
             return self._unknown(inventory, str(err))
         if found is None:
@@ -123,3 +124,13 @@ class PluginHolds:
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return False
         return any(name.split("/", 1)[0] == NVIDIA_DOMAIN for name in names)
+
+
+async def _list(socket: Path) -> PodResources | None:
+    """PodResources' `List`, its client loaded only on a node that serves it: a driver that
+    never met a device plugin starts without it."""
+    if not socket.exists():
+        return None
+    from deviceplugin.kubelet.pods import list_pod_resources
+
+    return await list_pod_resources(socket)

@@ -59,12 +59,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
 from deviceplugin.model.migpartitions import counter_sets
-from deviceplugin.model.owners import Holdings
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import (
     DEFAULT_TAINT,
@@ -75,6 +74,9 @@ from deviceplugin.model.slices import (
     quantity,
 )
 from deviceplugin.runtime.kubeclient import KubeError
+
+if TYPE_CHECKING:
+    from deviceplugin.model.owners import Holdings
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from deviceplugin.model.devices import Gpu, Inventory, MigDevice, PcieLevel
 from deviceplugin.model.memoryshares import MEMORY, request_policy
@@ -53,7 +53,9 @@ from deviceplugin.model.migpartitions import (
     partitions,
     whole_consumes,
 )
-from deviceplugin.model.owners import Holdings
+
+if TYPE_CHECKING:
+    from deviceplugin.model.owners import Holdings
 
 DRIVER = "gpu.nvidia.com"
 SEED_DOMAIN = "nvidia.com"
@@ -108,10 +110,9 @@ def build_devices(
     out whole, with its partitions."""
     groups = _Topology(inventory)
     sick = unhealthy or {}
-    held = withheld or Holdings()
     devices: list[JsonObject] = []
     for gpu, mig in physical_devices(inventory, dynamic_mig):
-        if held.blocking(gpu.uuid, None if mig is None else mig.uuid):
+        if withheld and withheld.blocking(gpu.uuid, None if mig is None else mig.uuid):
             continue
         reason = unhealthy_reason(gpu, mig, sick)
         if dynamic_mig and partitionable(gpu):

@@ -117,12 +117,12 @@ class Supervisor:
             return
         inventory = await engine.discover_first()
         self._use_plan(inventory, await self._plan(inventory, config))
-        claims = await self._holds.read()  # no GPU a claim holds is ever advertised Healthy
+        reported = await self._holds.read()  # no GPU others hold is ever advertised Healthy
 
         async def first() -> None:
             self._cdi.sync(engine.inventory, config)  # every CDI name defined before registering
-            if claims is not None:
-                self._holds.adopt(claims, engine.inventory)
+            if reported is not None:
+                self._holds.adopt(reported, engine.inventory)
             await self._reconcile()
 
         await engine.change(first, None)
@@ -225,12 +225,12 @@ class Supervisor:
         the serialized path (it waits on the kubelet); a change is applied on it."""
         if self.engine.inventory is None:  # nothing advertised, nothing to withhold
             return
-        claims = await self._holds.read()
-        if claims is None:
+        reported = await self._holds.read()
+        if reported is None:
             return
 
         async def apply() -> None:
-            if self._holds.adopt(claims, self.engine.inventory):
+            if self._holds.adopt(reported, self.engine.inventory):
                 await self._reconcile()
 
         await self.engine.change(apply, None)
