@@ -1,14 +1,15 @@
 """A node moved between the device plugin and DRA by its label, with pods running, no drain
-(docs/dra.md, "Moving a node between the device plugin and DRA"), on the real kubelet,
+(docs/dra.md, "Migrating a node from the device plugin"), on the real kubelet,
 scheduler and API server (`make e2e-cluster`).
 
-Deployed by the kustomize route: each overlay as shipped, with the two node-affinity patches
-docs/dra.md shows (the device plugin where `nvidia.com/dra` is not `true`, the DRA driver where
-it is), the extended-resource DeviceClasses applied, so unchanged `limits: nvidia.com/gpu: 1`
-pods are served through DRA once the node is flipped. Checked through the workloads
-themselves: the GPU each container was given (its device nodes, or NVIDIA_VISIBLE_DEVICES for
-NVIDIA's plugin), the published devices, the Node's allocatable. No GPU may be held by two
-pods at any time. The seconds from a holder's end to its GPU's next pod are kept in
+Deployed by the kustomize route: each simulated-node overlay with the patch of
+manifests/overlays/dra-label (the device plugin, ours or NVIDIA's, where `nvidia.com/dra` is not
+`true`; the DRA driver where the label is set, `true` or `false`), the extended-resource
+DeviceClasses applied, so unchanged `limits: nvidia.com/gpu: 1` pods are served through DRA once
+the node is labelled `true`, and by the device plugin again once it is labelled `false`.
+Checked through the workloads themselves: the GPU each container was given (its device
+nodes, or NVIDIA_VISIBLE_DEVICES for NVIDIA's plugin), the published devices, the Node's
+allocatable. No GPU may be held by two pods at any time. The seconds from a holder's end to its GPU's next pod are kept in
 run/migration.json as figures, not asserted. Scenarios run in file order.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from typing import Any
+from pathlib import Path
 
 import pytest
 import yaml
@@ -58,34 +59,37 @@ REFERENCE = REPO / "e2e" / "reference" / "daemonset.yaml"
 PLUGIN_LABEL = "app.kubernetes.io/name=deviceplugin"
 REFERENCE_LABEL = "app.kubernetes.io/name=nvidia-device-plugin"
 FIGURES = RUN / "migration.json"
+PATCHES = REPO / "manifests" / "overlays" / "dra-label"
+PLUGIN_PATCH = PATCHES / "deviceplugin" / "off-dra-nodes.yaml"
+DRA_PATCH = PATCHES / "dra" / "on-dra-nodes.yaml"
 
 
-def exclusive(manifests: str, operator: str) -> str:
-    """`manifests` with every DaemonSet limited to the nodes whose `nvidia.com/dra` label
-    `operator` (`In`: the DRA side, `NotIn`: a device plugin) `["true"]`: the two patches."""
+def exclusive(manifests: str, patch: Path) -> str:
+    """`manifests` with every DaemonSet given the node affinity of `patch` (a shipped patch of
+    manifests/overlays/dra-label, whose DaemonSets have no affinity of their own)."""
+    affinity = yaml.safe_load(patch.read_text())["spec"]["template"]["spec"]["affinity"]
     documents = [d for d in yaml.safe_load_all(manifests) if d]
     for document in documents:
         if document["kind"] == "DaemonSet":
             spec = document["spec"]["template"]["spec"]
-            term = {"matchExpressions": [{"key": LABEL, "operator": operator, "values": ["true"]}]}
-            required = {"nodeSelectorTerms": [term]}
-            spec["affinity"] = {
-                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}
-            }
+            assert "affinity" not in spec
+            spec["affinity"] = affinity
     return yaml.safe_dump_all(documents)
 
 
-def overlay(path: Any, operator: str) -> str:
-    return exclusive(kubectl("kustomize", str(path)), operator)
+def ours(plugin: bool) -> str:
+    """Our device plugin's or DRA driver's simulated-node overlay, patched."""
+    path, patch = (PLUGIN_OVERLAY, PLUGIN_PATCH) if plugin else (DRA_OVERLAY, DRA_PATCH)
+    return exclusive(kubectl("kustomize", str(path)), patch)
 
 
-def reference(operator: str) -> str:
-    return exclusive(REFERENCE.read_text(), operator)
+def reference() -> str:
+    return exclusive(REFERENCE.read_text(), PLUGIN_PATCH)
 
 
-def flip(to_dra: bool) -> None:
-    value = f"{LABEL}=true" if to_dra else f"{LABEL}-"
-    kubectl("label", "node", NODE_NAME, value, "--overwrite")
+def label(value: str | None) -> None:
+    """The node's `nvidia.com/dra`: "true" (DRA), "false" (moved back), None (never moved)."""
+    kubectl("label", "node", NODE_NAME, f"{LABEL}={value}" if value else f"{LABEL}-", "--overwrite")
 
 
 def no_pods(label: str) -> bool:
@@ -160,11 +164,10 @@ def classes() -> Iterator[None]:
     kubectl("apply", "-f", str(EXTENDED_CLASSES))
     yield
     delete_workloads()
-    for manifests in (overlay(PLUGIN_OVERLAY, "NotIn"), overlay(DRA_OVERLAY, "In")):
+    for manifests in (ours(plugin=True), ours(plugin=False), reference()):
         kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", stdin=manifests, check=False)
-    kubectl("delete", "-f", "-", "--wait=true", stdin=reference("NotIn"), check=False)
     kubectl("delete", "-f", str(EXTENDED_CLASSES), "--wait=true", check=False)
-    flip(False)
+    label(None)
 
 
 @pytest.fixture(autouse=True)
@@ -174,15 +177,16 @@ def no_workloads_left() -> Iterator[None]:
 
 
 def test_ours_to_dra_with_a_pod_running_hands_its_gpu_on_only_after_it_ends() -> None:
-    flip(False)
-    apply(overlay(PLUGIN_OVERLAY, "NotIn"))
-    apply(overlay(DRA_OVERLAY, "In"))
+    label(None)
+    apply(ours(plugin=True))
+    apply(ours(plugin=False))
     wait_until(f"{GPU} allocatable 8", lambda: extended(GPU) == 8, timeout=240)
+    assert no_pods(DRIVER_LABEL)  # a node never labelled has the device plugin alone
     start("holder", {GPU: "1"})
     wait_until("holder Running", lambda: pod_running("holder"))
     held = gpu_of("holder")
 
-    flip(True)
+    label("true")
     wait_until("the device plugin gone", lambda: no_pods(PLUGIN_LABEL), timeout=120)
     wait_until("the DRA driver publishing 31 devices", lambda: dra_serving(31), timeout=240)
     assert on_gpu(dra_devices(), held) == []
@@ -218,10 +222,14 @@ def test_dra_to_ours_with_a_claim_prepared_keeps_its_gpu_from_the_plugin() -> No
     wait_until("claimer Running", lambda: pod_running("claimer"))
     held = gpu_of("claimer")
 
-    flip(False)
-    wait_until("the DRA driver gone", lambda: no_pods(DRIVER_LABEL), timeout=120)
+    label("false")
+    wait_until("our plugin Ready", lambda: daemon_ready(PLUGIN_LABEL), timeout=240)
+    # The driver stays beside it, to unprepare the claim once its pod ends, publishing nothing.
+    wait_until("the DRA driver publishing nothing", lambda: dra_serving(0), timeout=120)
     # 4 whole GPUs x 2 replicas (the seed config), less the claim's GPU
     wait_until(f"{GPU} allocatable 6", lambda: extended(GPU) == 6, timeout=240)
+    replace_daemon_pod(PLUGIN_LABEL)  # a plugin restart in the middle keeps it out
+    wait_until(f"{GPU} allocatable 6 after a plugin restart", lambda: extended(GPU) == 6)
     names = [f"back-{n}" for n in range(7)]
     for name in names:
         start(name, {GPU: "1"})
@@ -237,15 +245,15 @@ def test_dra_to_ours_with_a_claim_prepared_keeps_its_gpu_from_the_plugin() -> No
 
 
 def test_nvidias_plugin_to_our_dra_driver_with_a_pod_running() -> None:
-    kubectl("delete", "-f", "-", "--wait=true", stdin=overlay(PLUGIN_OVERLAY, "NotIn"))
+    kubectl("delete", "-f", "-", "--wait=true", stdin=ours(plugin=True))
     wait_until("our plugin gone", lambda: no_pods(PLUGIN_LABEL), timeout=120)
-    apply(reference("NotIn"))
+    apply(reference())
     wait_until(f"{GPU} allocatable 8 from NVIDIA's plugin", lambda: extended(GPU) == 8)
     start("nvidia-holder", {GPU: "1"})
     wait_until("nvidia-holder Running", lambda: pod_running("nvidia-holder"))
     held = visible_gpu("nvidia-holder")
 
-    flip(True)
+    label("true")
     wait_until("NVIDIA's plugin gone", lambda: no_pods(REFERENCE_LABEL), timeout=120)
     expected = ALL_DEVICES - len(on_gpu_all(held))
     wait_until(f"{expected} devices published", lambda: dra_serving(expected), timeout=240)
@@ -259,16 +267,15 @@ def test_nvidias_plugin_to_our_dra_driver_with_a_pod_running() -> None:
 
 
 def test_nvidias_plugin_to_our_plugin_with_a_pod_running() -> None:
-    flip(False)
-    wait_until("the DRA driver gone", lambda: no_pods(DRIVER_LABEL), timeout=120)
+    label("false")
     wait_until("NVIDIA's plugin serving", lambda: daemon_ready(REFERENCE_LABEL), timeout=240)
     wait_until(f"{GPU} allocatable 8 from NVIDIA's plugin", lambda: extended(GPU) == 8)
     start("nvidia-holder-2", {GPU: "1"})
     wait_until("nvidia-holder-2 Running", lambda: pod_running("nvidia-holder-2"))
     held = visible_gpu("nvidia-holder-2")
 
-    kubectl("delete", "-f", "-", "--wait=true", stdin=reference("NotIn"))
-    apply(overlay(PLUGIN_OVERLAY, "NotIn"))
+    kubectl("delete", "-f", "-", "--wait=true", stdin=reference())
+    apply(ours(plugin=True))
     wait_until("our plugin Ready", lambda: daemon_ready(PLUGIN_LABEL), timeout=240)
     whole_held = any(gpu.minor == held for gpu in WHOLE)
     expected = 6 if whole_held else 8  # 4 whole GPUs x 2 replicas, less a held one's
