@@ -1,16 +1,16 @@
 """A node moved between the device plugin and DRA by its label, with pods running, no drain
-(docs/dra.md, "Migrating a node from the device plugin"), on the real kubelet,
-scheduler and API server (`make e2e-cluster`).
+(docs/dra.md, "Migrating a node from the device plugin"), on the real kubelet, scheduler and API
+server (`make e2e-cluster`).
 
 Deployed by the kustomize route: each simulated-node overlay with the patch of
 manifests/overlays/dra-label (the device plugin, ours or NVIDIA's, where `nvidia.com/dra` is not
 `true`; the DRA driver where the label is set, `true` or `false`), the extended-resource
 DeviceClasses applied, so unchanged `limits: nvidia.com/gpu: 1` pods are served through DRA once
-the node is labelled `true`, and by the device plugin again once it is labelled `false`.
-Checked through the workloads themselves: the GPU each container was given (its device
-nodes, or NVIDIA_VISIBLE_DEVICES for NVIDIA's plugin), the published devices, the Node's
-allocatable. No GPU may be held by two pods at any time. The seconds from a holder's end to its GPU's next pod are kept in
-run/migration.json as figures, not asserted. Scenarios run in file order.
+the node is labelled `true`, and by the device plugin again once it is labelled `false`. Checked
+through the workloads themselves: the GPU each container was given (its device nodes, or
+NVIDIA_VISIBLE_DEVICES for NVIDIA's plugin), the published devices, the Node's allocatable. No
+GPU may be held by two pods at any time. The seconds from a holder's end to its GPU's next pod
+are kept in run/migration.json as figures, not asserted. Scenarios run in file order.
 """
 
 from __future__ import annotations
