@@ -131,6 +131,6 @@ async def _list(socket: Path) -> PodResources | None:
     never met a device plugin starts without it."""
     if not socket.exists():
         return None
-    from deviceplugin.kubelet.pods import list_pod_resources
+    from deviceplugin.node.podresources import list_pod_resources
 
     return await list_pod_resources(socket)

@@ -69,7 +69,7 @@ class DraHolds:
         socket is there but List failed: the last known stay)."""
         reported: Reported = ((), ())
         if self.socket.exists():
-            from deviceplugin.kubelet.pods import list_pod_resources
+            from deviceplugin.node.podresources import list_pod_resources
 
             try:
                 found = await list_pod_resources(self.socket)
