@@ -11,7 +11,7 @@ import socket
 from deviceplugin.model.devices import Gpu, Inventory
 from deviceplugin.model.slices import device_name
 from deviceplugin.sim.podresources import PodResourcesEmulator
-from tests.draplugin import Node, published, run, running_driver
+from tests.draplugin import DRIVER, Node, claim, published, run, running_driver
 
 ALL_DEVICES = 32  # a100-80gb-x8-mixed as DRA publishes it
 
@@ -199,6 +199,42 @@ def test_released_gpus_come_back_and_reads_stop_once_nothing_is_held() -> None:
                 calls = pods.calls
                 await node.driver.check_node()
                 assert pods.calls == calls
+            finally:
+                await pods.stop()
+
+    run(body)
+
+
+def test_no_new_claim_is_prepared_on_what_a_device_plugin_has() -> None:
+    """A claim allocated before the node changed hands is refused at Prepare while a device
+    plugin serves, or while a pod it served holds the device; a claim prepared before keeps its
+    device; a free device prepares."""
+
+    async def body() -> None:
+        async with running_driver() as node:
+            pods = PodResourcesEmulator(node.kubelet_root)
+            await pods.start()
+            try:
+                held, free, before = whole_gpus(node)[:3]
+                early = node.add_claim(claim("early", [("gpu", device_name(before, None))]))
+                assert not (await node.watcher.prepare(DRIVER, [early])).claims[early[2]].error
+                plugin = plugin_socket(node)
+                await node.driver.check_node()
+                late = node.add_claim(claim("late", [("gpu", device_name(free, None))]))
+                answer = (await node.watcher.prepare(DRIVER, [early, late])).claims
+                assert not answer[early[2]].error  # prepared before: kept
+                assert "nvidia-gpu.sock" in answer[late[2]].error
+                assert "no new claim is prepared" in answer[late[2]].error
+
+                pods.assign("team", "trainer", "main", "nvidia.com/gpu", [f"{held.uuid}::0"])
+                await plugin_leaves(node, plugin)
+                taken = node.add_claim(claim("taken", [("gpu", device_name(held, None))]))
+                answer = (await node.watcher.prepare(DRIVER, [taken, late])).claims
+                assert "held by pod team/trainer" in answer[taken[2]].error
+                assert not answer[late[2]].error
+                pods.release("team", "trainer")
+                await node.driver.check_node()
+                assert not (await node.watcher.prepare(DRIVER, [taken])).claims[taken[2]].error
             finally:
                 await pods.stop()
 

@@ -76,6 +76,7 @@ from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, NvmlError
 from deviceplugin.model.hostpaths import MPS_CONTROL_SOCKET, socket_path_problem
 from deviceplugin.model.log import log_event
+from deviceplugin.model.owners import claim_device_holds
 from deviceplugin.node.health import HealthChange
 from deviceplugin.node.hostscan import scan_host
 from deviceplugin.node.mpsdaemon import control_program
@@ -200,6 +201,7 @@ class DraDriver:
                 self._set_compute_mode,
                 MpsTenancy(settings.mps_shared_namespaces),
             ),
+            self._held_elsewhere,
         )
         await self.preparer.load()
         await self._scan_foreign()
@@ -393,6 +395,24 @@ class DraDriver:
     def _publishable(self, inventory: Inventory) -> Inventory:
         """`inventory`, or no GPU at all while a device plugin owns this node's GPUs."""
         return replace(inventory, gpus=(), links={}) if self._device_plugins else inventory
+
+    def _held_elsewhere(self, device: str) -> str | None:
+        """Why a new claim may not have `device` now: a device plugin serves the node (it may
+        hand the GPU out at any moment), or a pod a device plugin gave it still holds it. A
+        claim allocated before the node changed hands would otherwise give the GPU a second
+        owner; claims prepared before keep theirs."""
+        if self._device_plugins:
+            return f"{self._conflict()}; no new claim is prepared while it serves"
+        inventory, holdings = self.engine.inventory, self.plugin_holds.holdings
+        if inventory is None or not holdings:
+            return None
+        for mine in claim_device_holds(inventory, "", "", self.settings.driver_name, device):
+            for held in holdings.blocking(mine.gpu, mine.mig):
+                return (
+                    f"held by pod {held.holder} ({held.source}), which a device plugin gave it "
+                    "before this node moved to DRA; it is free again once that pod ends"
+                )
+        return None
 
     def _conflict(self) -> str | None:
         if not self._device_plugins:

@@ -138,6 +138,7 @@ LOCKED = "locked"  # another driver process holds the node's lock
 NO_CUTTER = "no-mig-cutter"  # a dynamic MIG partition, on a driver that cannot cut one
 MPS_DAEMON = "mps-daemon"  # the device's MPS control daemon cannot be started
 MPS_TENANT = "mps-tenant"  # the device's MPS daemon serves a namespace this one may not join
+HELD_ELSEWHERE = "held-elsewhere"  # a device plugin serves the node, or its pod holds the device
 
 
 class ClaimReader(Protocol):
@@ -291,6 +292,7 @@ class Preparer:
         clear_limits: Callable[[str], str] | None = None,
         cutter: MigCutter | None = None,
         mps: MpsDevices | None = None,
+        held_elsewhere: Callable[[str], str | None] | None = None,
     ) -> None:
         self.driver = driver
         self.pool = pool
@@ -302,6 +304,7 @@ class Preparer:
         self._clear_limits = clear_limits  # a claim's share caps cleared; why not, or ""
         self._cutter = cutter  # dynamic MIG: cuts and removes partitions
         self._mps = mps  # the devices' MPS control daemons
+        self._held_elsewhere = held_elsewhere  # why a device plugin has a device now, or None
         self._claims: dict[str, PreparedClaim] = {}
         self.unusable: CheckpointUnusable | None = None  # checkpoints set aside since start
         self._lock = asyncio.Lock()
@@ -662,8 +665,19 @@ class Preparer:
         refused = refusal(str(ref), asked, {u: c for u, c in others.items() if u != ref.uid})
         if refused is not None:
             raise PrepareError(*refused)
+        self._check_held_elsewhere(ref, devices)
         planned = PreparedClaim(ref.namespace, ref.name, tuple(devices), STARTED)
         return planned, (edits if edits else None)
+
+    def _check_held_elsewhere(self, ref: ClaimRef, devices: Sequence[PreparedDevice]) -> None:
+        """Raises PrepareError when a device plugin has one of `devices` now."""
+        if self._held_elsewhere is None:
+            return
+        for device in devices:
+            if (why := self._held_elsewhere(device.device)) is not None:
+                raise PrepareError(
+                    f"ResourceClaim {ref}: device {device.device}: {why}", HELD_ELSEWHERE
+                )
 
     def _result(
         self,
