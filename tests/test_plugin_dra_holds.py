@@ -225,12 +225,16 @@ def test_a_socket_that_stops_answering_releases_nothing(caplog: pytest.LogCaptur
 
     run(body())
     events = [r.getMessage() for r in caplog.records if "dra-holds" in r.getMessage()]
-    assert events == [
+    assert events[:3] == [
         "plugin.dra-holds.changed",
         "plugin.dra-holds.unknown",  # once, however many Lists failed
         "plugin.dra-holds.known",
-        "plugin.dra-holds.changed",
     ]
+    # The emulator stopping may refuse one List before its socket is gone: unknown, known again.
+    assert events[3:] in (
+        ["plugin.dra-holds.changed"],
+        ["plugin.dra-holds.unknown", "plugin.dra-holds.known", "plugin.dra-holds.changed"],
+    ), events
 
 
 def count_calls(plugin: Plugin, method: str) -> Callable[[], int]:
