@@ -7,10 +7,11 @@ Proved on the stand-in only; a real cluster of each release is separate work."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
-from deviceplugin.dra.kubeapi import connect
+from deviceplugin.dra.kubeapi import KubeApi, connect
 from deviceplugin.dra.serverfeatures import (
     CONSUMABLE_CAPACITY,
     DEVICE_TAINTS,
@@ -21,6 +22,7 @@ from deviceplugin.dra.serverfeatures import (
 from deviceplugin.model.log import FIELDS
 from deviceplugin.model.slices import device_name
 from deviceplugin.ops.http import DraEndpoints, EndpointServer
+from deviceplugin.runtime.kubeclient import KubeError
 from deviceplugin.sim.apiserver import ApiServer
 from tests.dranode import inventory
 from tests.draplugin import DRIVER, NODE, PRESET, Node, claim, published, run, running_driver
@@ -77,6 +79,37 @@ def test_the_probe_finds_what_the_server_keeps_and_stores_nothing(
             assert await ServerProbe(api, NODE, DRIVER).probe() == expected
             assert server.slices == {} and len(server.dry_runs) == 2
             assert server.rejected == []
+        finally:
+            await api.close()
+            await server.stop()
+
+    run(body)
+
+
+class CountersInTheirOwnSliceRefused:
+    """The stand-in's API, refusing a device that consumes counters of another slice (422), as
+    a 1.34 server with DRAPartitionableDevices on is expected to."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+
+    async def server_version(self) -> str:
+        return await self.api.server_version()
+
+    async def dry_run_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        if any(d.get("consumesCounters") for d in body["spec"].get("devices") or []):
+            raise KubeError("dry-run create: 422 Invalid: counter set not in this slice", 422)
+        return await self.api.dry_run_slice(body)
+
+
+def test_a_server_that_wants_counters_beside_their_devices_counts_as_dropping_them() -> None:
+    async def body() -> None:
+        server = ApiServer()
+        await server.start()
+        api = connect(server=server.url)
+        try:
+            probe = ServerProbe(CountersInTheirOwnSliceRefused(api), NODE, DRIVER)
+            assert await probe.probe() == ServerFeatures(False, True, True, "v1.37.2")
         finally:
             await api.close()
             await server.stop()
@@ -144,6 +177,8 @@ def test_memory_shares_on_135_publish_whole_gpus_without_shares_and_name_the_gat
             assert not any(
                 "requestPolicy" in c for d in devices.values() for c in d["capacity"].values()
             )
+            # not offered to the shared classes either, which would get a whole GPU as a share
+            assert not any("nvidia.com/memoryShares" in d["attributes"] for d in devices.values())
             reasons = [r for r in node.driver.status().not_ready if CONSUMABLE_CAPACITY in r]
             assert len(reasons) == 1 and FIRST_ON in reasons[0]
             code, text = await readyz(node)

@@ -127,7 +127,7 @@ class ServerProbe:
             except KubeError as err:
                 if err.status != 422:
                     raise
-                counters = False  # counters in a slice of their own are refused here (1.34)
+                # counters of another slice refused (1.34): asked again without, so not kept
                 answer = await self._api.dry_run_slice(self._slice(self._device(False)))
             kept = _first_device(answer)
             found = ServerFeatures(
