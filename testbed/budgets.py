@@ -165,6 +165,7 @@ DRA_SERVE_MODULES = _COMMON_MODULES | frozenset(
         "deviceplugin.dra.prepare",
         "deviceplugin.dra.publisher",
         "deviceplugin.dra.registration",
+        "deviceplugin.dra.serverfeatures",
         "deviceplugin.dra.service",
         "deviceplugin.dra.shares",
         "deviceplugin.dra.slicewatch",

@@ -215,6 +215,7 @@ class Node:
         self.driver = DraDriver(self.settings, simulator=simulator_for(self.settings.simulate))
         await self.driver.start()
         if self.driver.publisher is not None:
+            await asyncio.wait_for(self.driver.wait_probed(), 30)
             await asyncio.wait_for(self.driver.publisher.wait_published(), 30)
         if self.watcher.watching and self.driver.dra is not None:
             await self.watcher.wait_registered(DRIVER, 30, replacing=previous)
@@ -243,11 +244,16 @@ async def running_driver(
     gpu_sharing: GpuSharing = "off",
     mig_mode: MigMode = "static",
     mps_shared_namespaces: tuple[tuple[str, ...], ...] = (),
+    kubernetes: str | None = None,
 ) -> AsyncIterator[Node]:
-    """The driver started and (with `watcher`) registered, its first slices published. With
-    `library`, no `--simulate`: the production path on the simulated libnvidia-ml.so.1."""
+    """The driver started and (with `watcher`) registered, its first slices published and the
+    API server probed. With `library`, no `--simulate`: the production path on the simulated
+    libnvidia-ml.so.1. `kubernetes` ("1.35"): the stand-in answers as that release with its
+    default feature gates (`ApiServer.emulate`)."""
     root = short_dir()
     server = ApiServer()
+    if kubernetes is not None:
+        server.emulate(kubernetes)
     await server.start()
     events = root / "events.jsonl"
     events.touch()
@@ -277,6 +283,7 @@ async def running_driver(
     try:
         await node.driver.start()
         if node.driver.publisher is not None:
+            await asyncio.wait_for(node.driver.wait_probed(), 30)
             await asyncio.wait_for(node.driver.publisher.wait_published(), 30)
         if watcher:
             await emulator.start()

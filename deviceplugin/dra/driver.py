@@ -6,7 +6,14 @@ config file and flags (as `serve` merges them), NVML (simulated with `--simulate
 API client (`--kubeconfig`, else in-cluster: nothing sent yet); the checkpoint; the DRA socket;
 the registration socket, so the kubelet finds a driver that already answers; the health
 monitor. Only then are the slices handed to the publisher, whose own task writes them, retried
-for as long as the API server is down or hangs: the kubelet side (Unprepare of checkpointed
+for as long as the API server is down or hangs. Which gated slice fields the server keeps is
+probed (`serverfeatures.py`) right after that first publish, which until then leaves out an
+unhealthy device instead of tainting it; with `--mig-mode dynamic` or `--gpu-sharing memory`
+the probe comes first, so partitions and shares are published only once the server is known to
+keep their counters and capacity (a field it drops is one error line naming the gate, a
+/status field and a reason /readyz gives). The server's version is checked with every
+rediscovery and the probe made again when it changed (an API server upgrade), or when no probe
+has answered yet: the kubelet side (Unprepare of checkpointed
 claims, health streams, socket repair) never waits on it. Prepare of a new claim reads the claim
 with the client's deadline and fails with an error the kubelet retries. The health monitor
 reports Xids and recoveries, each republished at once (`healthy` turns false, and the device is
@@ -69,6 +76,13 @@ from deviceplugin.dra.registration import (
     plugin_dir,
     registration_socket,
 )
+from deviceplugin.dra.serverfeatures import (
+    DEVICE_TAINTS,
+    UNKNOWN,
+    ServerFeatures,
+    ServerProbe,
+    missing,
+)
 from deviceplugin.dra.slicewatch import SliceWatch
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
@@ -129,6 +143,9 @@ class DraDriver:
         self.publisher: SlicePublisher | None = None
         self.slice_watch: SliceWatch | None = None
         self._slice_watch_task: asyncio.Task[None] | None = None
+        self.server_probe: ServerProbe | None = None  # which gated fields the server keeps
+        self._probe_task: asyncio.Task[None] | None = None
+        self._features_missing: tuple[tuple[str, str], ...] = ()
         self.preparer: Preparer | None = None
         self.cutter: MigCutter | None = None  # dynamic MIG: cuts partitions at Prepare
         self._foreign: tuple[ForeignInstance, ...] = ()  # MIG instances this driver did not make
@@ -175,7 +192,9 @@ class DraDriver:
             observer=self.metrics,
             memory_shares=self.memory_shares,
             dynamic_mig=self.dynamic_mig,
+            features=UNKNOWN,
         )
+        self.server_probe = ServerProbe(api, self.node, settings.driver_name)
         plugins_dir = self._device_plugins_dir
         self._device_plugins = await asyncio.to_thread(live_device_plugins, plugins_dir)
         self._report_device_plugins()
@@ -211,7 +230,10 @@ class DraDriver:
         self.registration.endpoint = self.dra.socket  # beside an old instance's in an update
         await self.registration.start()
         engine.start_health(self._health_changed)
-        self._publish()  # written by the publisher's task: an API server that hangs holds nothing
+        publish_first = not (self.dynamic_mig or self.memory_shares)
+        if publish_first:  # taints matter only once a device is unhealthy: left out until known
+            self._publish()  # written by the publisher's task: a server that hangs holds nothing
+        self._probe_task = spawn(self._learn_server(publish_first), "dra server probe")
         # Once the kubelet can find the driver: its list re-reads what the publish writes.
         self.slice_watch = SliceWatch(api, self.publisher)
         self._slice_watch_task = spawn(self.slice_watch.run(), "dra slice watch")
@@ -232,10 +254,11 @@ class DraDriver:
             await self.registration.stop(STOP_GRACE_SECONDS)
             if self.dra is not None:
                 await self.dra.stop(STOP_GRACE_SECONDS)
-            if self._slice_watch_task is not None:
-                self._slice_watch_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await self._slice_watch_task
+            for task in (self._slice_watch_task, self._probe_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if self.publisher is not None:
                 await self.publisher.close()
 
@@ -265,7 +288,24 @@ class DraDriver:
         unhealthy, as in `serve`. True when something changed."""
         if not self._serving_devices:
             return False
+        await self.check_server()
         return await self.engine.rediscover(self)
+
+    async def check_server(self) -> bool:
+        """Probe the API server again when its version changed (an upgrade) or no probe has
+        answered yet, and publish what it keeps; one GET otherwise. True when it probed."""
+        probe, task = self.server_probe, self._probe_task
+        if probe is None or task is None or not task.done():
+            return False  # the first probe is still under way
+        if not await probe.version_changed():
+            return False
+        await self._adopt_features(await probe.probe())
+        return True
+
+    async def wait_probed(self) -> None:
+        """Return once the first probe of the API server has answered or failed."""
+        if self._probe_task is not None:
+            await asyncio.shield(self._probe_task)
 
     async def check_device_plugins(self) -> None:
         """Stand aside while a device plugin serves NVIDIA GPUs on this node, and publish again
@@ -294,6 +334,41 @@ class DraDriver:
         await self._report_health()
         self._publish()
         return {}
+
+    async def _learn_server(self, after_first_publish: bool) -> None:
+        """The first probe: after the first publish is written (so that it costs the start-up
+        nothing), or before anything is published when the flags need gated fields."""
+        assert self.server_probe is not None and self.publisher is not None
+        if after_first_publish:
+            await self.publisher.wait_published()
+        await self._adopt_features(await self.server_probe.probe())
+
+    async def _adopt_features(self, features: ServerFeatures) -> None:
+        """Publish from now on what `features` says the server keeps; a newly missing feature
+        is logged once, as an error naming its gate."""
+
+        async def adopt() -> None:
+            assert self.publisher is not None
+            before = self.publisher.features
+            self.publisher.features = features
+            now = missing(features, self.dynamic_mig, self.memory_shares)
+            for gate, why in now:
+                if features.known and (gate, why) not in self._features_missing:
+                    log_event(logger, "dra.server.gate_off", logging.ERROR, gate=gate, error=why)
+            self._features_missing = now
+            newly = not before.known or before.taints
+            if features.known and not features.taints and newly:
+                log_event(
+                    logger,
+                    "dra.server.gate_off",
+                    logging.WARNING,
+                    gate=DEVICE_TAINTS,
+                    error=f"the API server ({features.version}) drops device taints",
+                    hint="an unhealthy device is left out of the slices until it recovers",
+                )
+            self._publish()
+
+        await self.engine.change(adopt, None)
 
     async def _heal_sockets(self) -> None:
         if self.dra is None:  # never started (no NVML with failOnInitError false)
@@ -384,7 +459,14 @@ class DraDriver:
             foreign_mig_instances=tuple(f.describe() for f in self._foreign),
             held_by_device_plugins=tuple(h.describe() for h in self.plugin_holds.holdings.held),
             held_unknown=self.plugin_holds.unknown,
+            server_features=self._server_features(),
+            features_missing=tuple(why for _, why in self._features_missing),
         )
+
+    def _server_features(self) -> dict[str, Any] | None:
+        if self.publisher is None:
+            return None
+        return self.publisher.features.document()
 
     # --- internals ------------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The API-server calls the DRA driver makes, on the daemons' one client
 (`runtime.kubeclient`): this node's ResourceSlices of the driver (list, watch, create, replace,
-delete) and ResourceClaims (read). Every call has the client's deadline and fails as
-`KubeError` (`ConflictError` for 409).
+delete, a dry-run create), ResourceClaims (read) and the server's version. Every call has the
+client's deadline and fails as `KubeError` (`ConflictError` for 409).
 """
 
 from __future__ import annotations
@@ -42,6 +42,14 @@ class KubeApi:
 
     async def create_slice(self, body: JsonObject) -> JsonObject:
         return await self._client.create(RESOURCE_SLICES, body)
+
+    async def dry_run_slice(self, body: JsonObject) -> JsonObject:
+        """`body` as the server would store it (gated fields it drops are gone); nothing stored."""
+        return await self._client.create(RESOURCE_SLICES, body, dry_run=True)
+
+    async def server_version(self) -> str:
+        """The API server's `gitVersion`."""
+        return await self._client.server_version()
 
     async def replace_slice(self, name: str, body: JsonObject) -> JsonObject:
         """PUT; a `metadata.resourceVersion` in `body` makes it conditional (409 if stale)."""

@@ -17,7 +17,12 @@ UUID -> reason (`model.slices` publishes the hardware as it is, whatever the dev
 MIG strategy), and `taint` (constructor) the effect of the taint an unhealthy device gets, or
 None for no taint, `memory_shares` whether whole GPUs are published shareable by memory
 (`model.memoryshares`), and `dynamic_mig` whether MIG-capable GPUs are published as partitions
-with their counter sets, in slices of their own (`model.migpartitions`). Call `want` again
+with their counter sets, in slices of their own (`model.migpartitions`). `features` says which
+gated fields the API server keeps (`dra/serverfeatures.py`; all, unless the driver learned
+otherwise): one it drops is never relied on. Without counters a partitionable GPU is published
+whole only, without consumable capacity whole GPUs are published without shares, and without
+taints a device that would carry one (unhealthy, or overlapped by a foreign MIG instance) is
+left out of the slices until it needs none. Call `want` again
 whenever the inventory or a device's health changes; calling it with an unchanged state writes
 nothing. Every API call is made by the publisher's
 own sync task (the shape of the slices controller behind Kubernetes' `kubeletplugin.Helper`),
@@ -61,6 +66,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from deviceplugin.dra.serverfeatures import ServerFeatures
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
 from deviceplugin.model.migpartitions import counter_sets
@@ -80,6 +86,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+ALL_KEPT = ServerFeatures(counters=True, consumable_capacity=True, taints=True)
 REPAIR_QUIET_SECONDS = 60.0  # repairs this far apart are each made at once
 
 JsonObject = dict[str, Any]
@@ -130,8 +137,10 @@ class SlicePublisher:
         observer: PublishObserver | None = None,
         memory_shares: bool = False,
         dynamic_mig: bool = False,
+        features: ServerFeatures = ALL_KEPT,
     ) -> None:
         self.node_name = node_name
+        self.features = features  # what the API server keeps: set before the next `want`
         self.memory_shares = memory_shares
         self.dynamic_mig = dynamic_mig
         self.driver = driver
@@ -183,17 +192,21 @@ class SlicePublisher:
         at once, whatever the API server does. `blocked` (device name -> why): dynamic MIG
         devices a MIG instance this driver did not create overlaps, published tainted;
         `withheld`: what device-plugin pods hold, left out."""
-        self._desired = build_devices(
+        kept = self.features
+        desired = build_devices(
             inventory,
             unhealthy,
             self.driver,
             self.taint,
-            self.memory_shares,
+            self.memory_shares and kept.consumable_capacity,
             self.dynamic_mig,
             blocked,
             withheld,
+            kept.counters,
         )
-        self._counter_sets = counter_sets(inventory, quantity) if self.dynamic_mig else []
+        self._desired = desired if kept.taints else [d for d in desired if not d.get("taints")]
+        with_counters = self.dynamic_mig and kept.counters
+        self._counter_sets = counter_sets(inventory, quantity) if with_counters else []
         self._version += 1
         self._published.clear()
         self._kick()

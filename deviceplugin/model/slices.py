@@ -97,6 +97,7 @@ def build_devices(
     dynamic_mig: bool = False,
     blocked: Mapping[str, str] | None = None,
     withheld: Holdings | None = None,
+    counters: bool = True,
 ) -> list[JsonObject]:
     """One v1 Device per physical device of the node, in GPU, then MIG index order; a device
     whose UUID or parent GPU's UUID is in `unhealthy` (UUID -> reason) is published unhealthy,
@@ -107,7 +108,9 @@ def build_devices(
     the taint `<driver>/mig-placement-taken` (NoSchedule, whatever `taint` says: it is not
     about health), which the scheduler respects. A device `withheld` holds (a device plugin's
     pod has it: `model/owners.py`) is left out; a partitionable GPU with anything held is left
-    out whole, with its partitions."""
+    out whole, with its partitions. Without `counters` (the API server would drop them), a
+    partitionable GPU is published whole only, consuming nothing: partitions without counters
+    would let the scheduler hand out overlapping ones."""
     groups = _Topology(inventory)
     sick = unhealthy or {}
     devices: list[JsonObject] = []
@@ -116,7 +119,7 @@ def build_devices(
             continue
         reason = unhealthy_reason(gpu, mig, sick)
         if dynamic_mig and partitionable(gpu):
-            built = _partitioned(gpu, inventory, groups, driver, reason, taint)
+            built = _partitioned(gpu, inventory, groups, driver, reason, taint, counters)
             for device in built:
                 _block(device, driver, (blocked or {}).get(device["name"]))
             devices.extend(
@@ -319,12 +322,16 @@ def _partitioned(
     driver: str,
     reason: str | None,
     taint: TaintEffect | None,
+    counters: bool = True,
 ) -> list[JsonObject]:
     """A partitionable GPU in dynamic MIG mode: whole (consuming its whole counter set, with
-    its largest capacities), then each of its partitions (`model/migpartitions.py`)."""
+    its largest capacities), then each of its partitions (`model/migpartitions.py`); whole
+    alone, consuming nothing, without `counters`."""
     whole = _device(gpu, None, inventory, groups, driver, reason, taint)
     biggest = {k: {"value": quantity(v)} for k, v in largest(gpu).items() if k != "memory"}
     whole["capacity"].update(biggest)
+    if not counters:
+        return [whole]
     whole["consumesCounters"] = whole_consumes(gpu, quantity)
     devices = [whole]
     for profile, start, size in partitions(gpu):

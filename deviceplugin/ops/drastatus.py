@@ -50,6 +50,10 @@ class DraStatus:
     # what device-plugin pods hold (withheld from the slices), each `Held.describe()`
     held_by_device_plugins: tuple[dict[str, str], ...] = ()
     held_unknown: str | None = None  # why that could not be read (nothing new published)
+    # which gated slice fields the API server keeps (`ServerFeatures.document()`); None: no probe
+    server_features: dict[str, Any] | None = None
+    # what the flags ask that the server's gates keep it from publishing, each naming the gate
+    features_missing: tuple[str, ...] = ()
 
     @property
     def not_ready(self) -> list[str]:
@@ -57,8 +61,9 @@ class DraStatus:
         kubelet's plugin watcher (only serving on both sockets where there is no watcher), the
         slices written once, an answer to the latest API request, no device plugin serving
         NVIDIA GPUs on the node (then the driver publishes nothing), what a departed device
-        plugin's pods hold known, and the engine's own reasons (a dead health monitor). An
-        idle driver is ready."""
+        plugin's pods hold known, the API server known to keep the fields the flags need (dynamic
+        MIG's counters, memory shares' consumable capacity), and the engine's own reasons (a
+        dead health monitor). An idle driver is ready."""
         reasons = self.core.not_ready
         if not self.core.started or self.idle:
             return reasons
@@ -76,6 +81,7 @@ class DraStatus:
             reasons.append(self.device_plugin_conflict)
         if self.held_unknown:
             reasons.append(self.held_unknown)
+        reasons.extend(self.features_missing)
         return reasons
 
     def document(self) -> dict[str, Any]:
@@ -98,6 +104,7 @@ class DraStatus:
             "foreign_mig_instances": list(self.foreign_mig_instances),
             "held_by_device_plugins": list(self.held_by_device_plugins),
             "held_unknown": self.held_unknown,
+            "server_features": self.server_features,
             "checkpoint": {
                 "unusable": unusable.count if unusable else 0,
                 "last_error": unusable.error if unusable else None,

@@ -220,12 +220,25 @@ class KubeClient:
             with contextlib.suppress(Exception):
                 await events.aclose()  # type: ignore[attr-defined]
 
-    async def create(self, resource: Any, body: JsonObject) -> JsonObject:
+    async def create(self, resource: Any, body: JsonObject, dry_run: bool = False) -> JsonObject:
+        """POST; with `dry_run` (`?dryRun=All`) the server answers the object as it would store
+        it and stores nothing."""
         name = (body.get("metadata") or {}).get("name") or "(generated)"
         return await self._object(
-            f"create {_kind(resource)} {name}",
-            self._client.create(resource(body)),
+            f"{'dry-run ' if dry_run else ''}create {_kind(resource)} {name}",
+            self._client.create(resource(body), dry_run=dry_run),
         )
+
+    async def server_version(self) -> str:
+        """The API server's `gitVersion` (GET /version), e.g. `v1.35.4`."""
+
+        async def get() -> str:
+            http = self._client._client._client  # lightkube has no call for /version
+            response = await http.get("/version")
+            response.raise_for_status()
+            return str(response.json().get("gitVersion") or "")
+
+        return await self._call("get /version", get())
 
     async def replace(self, resource: Any, body: JsonObject) -> JsonObject:
         """PUT; a `metadata.resourceVersion` in `body` makes it conditional (409 if stale)."""

@@ -12,14 +12,21 @@ namespace/name; create, so tests and the demo can seed claims). Like a real API 
 - assigns `uid`, `resourceVersion` and `creationTimestamp`, answers `409 AlreadyExists` for a
   second create and `409 Conflict` for a replace whose `resourceVersion` is stale.
 
-It answers `/version` as the cluster's Kubernetes (1.37.2; NVIDIA's DRA driver picks its
-ResourceSlice layout from it). It serves `serve`'s own-Node calls too: Nodes (list with the
-`metadata.name` field selector, watch, get, JSON merge patch of labels, checked as label keys and
-values are checked), Events (create, validated as v1 Events) and, with `nfd=True`, NFD's
-`NodeFeature` objects and the API group discovery that tells whether NFD is installed. `add_node`
-and `set_node_labels` stand in for the kubelet registering a node and for `kubectl label`, `wipe`
-for the kubelet deleting a node's slices; watches see their changes at once, and `end_watches`
-cuts every watch as a lost connection would.
+It answers `/version` as the cluster's Kubernetes (1.37.2 unless `version` is set; NVIDIA's DRA
+driver picks its ResourceSlice layout from it). Its feature gates are on, but for those named in
+`gates_off` (`emulate("1.35")` sets both to that release's defaults): like a real API server it
+then drops the gated fields of every ResourceSlice written from then on, silently
+(`drop_gated`; a real server keeps a field the stored object already had, and no test needs
+that). A create with `?dryRun=All` answers the object as it would be stored, gated
+fields dropped, and stores nothing (`dry_runs` records each answer).
+
+It serves `serve`'s own-Node calls too: Nodes (list with the `metadata.name` field selector,
+watch, get, JSON merge patch of labels, checked as label keys and values are checked), Events
+(create, validated as v1 Events) and, with `nfd=True`, NFD's `NodeFeature` objects and the API
+group discovery that tells whether NFD is installed. `add_node` and `set_node_labels` stand in
+for the kubelet registering a node and for `kubectl label`, `wipe` for the kubelet deleting a
+node's slices; watches see their changes at once, and `end_watches` cuts every watch as a lost
+connection would.
 
 A request body of a content type given in `decoders` (client-go's typed clients send
 `application/vnd.kubernetes.protobuf`) is read by that decoder as the JSON object it stands for,
@@ -41,7 +48,7 @@ import itertools
 import json
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -53,6 +60,18 @@ JsonObject = dict[str, Any]
 SCHEMA_VERSION = "1.34"
 # What `/version` reports: the Kubernetes e2e/cluster runs.
 SERVER_VERSION: JsonObject = {"major": "1", "minor": "37", "gitVersion": "v1.37.2"}
+# The ResourceSlice gates each release has off by default (docs/dra.md, "Kubernetes versions").
+PARTITIONABLE_DEVICES = "DRAPartitionableDevices"
+CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
+DEVICE_TAINTS = "DRADeviceTaints"
+_ALPHA_IN_134_135 = frozenset({PARTITIONABLE_DEVICES, CONSUMABLE_CAPACITY, DEVICE_TAINTS})
+DEFAULT_GATES_OFF: dict[str, frozenset[str]] = {
+    "1.34": _ALPHA_IN_134_135,
+    "1.35": _ALPHA_IN_134_135,
+    "1.36": frozenset(),
+    "1.37": frozenset(),
+}
+EMULATED_PATCH = {"1.34": 4, "1.35": 4, "1.36": 3, "1.37": 2}  # the newest patch of each
 PREFIX = "/apis/resource.k8s.io/v1"
 # The API server's own ResourceSlice limits (k8s.io/api resource/v1 types.go).
 MAX_DEVICES = 128
@@ -99,6 +118,7 @@ class ApiServer:
         nfd: bool = False,
         decoders: Mapping[str, Callable[[bytes], JsonObject]] | None = None,
         openapi: bool = True,
+        gates_off: Iterable[str] = (),
     ) -> None:
         self._decoders = dict(decoders or {})  # content type -> the object a body of it holds
         # False: resource.k8s.io bodies skip the OpenAPI schema check (the 1.37 rules the schema
@@ -116,6 +136,9 @@ class ApiServer:
         self.claims: dict[tuple[str, str], JsonObject] = {}
         self.requests: list[tuple[str, str]] = []
         self.rejected: list[str] = []  # why each 422 was answered
+        self.gates_off = set(gates_off)  # whose fields every stored slice loses
+        self.version: JsonObject = dict(SERVER_VERSION)  # what `/version` answers
+        self.dry_runs: list[JsonObject] = []  # what each dry-run create answered
         self._versions = itertools.count(1)
         self._failures: list[int] = []
         self._refusal: str | None = None
@@ -156,6 +179,18 @@ class ApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    def emulate(self, release: str) -> None:
+        """Answer as Kubernetes `release` ("1.34" to "1.37") with its default feature gates:
+        `/version` says its newest patch, and the fields of the gates it has off are dropped
+        from the slices written from now on (a real upgrade rewrites nothing either)."""
+        major, minor = release.split(".")
+        self.version = {
+            "major": major,
+            "minor": minor,
+            "gitVersion": f"v{release}.{EMULATED_PATCH[release]}",
+        }
+        self.gates_off = set(DEFAULT_GATES_OFF[release])
 
     def fail_next(self, status: int, count: int = 1) -> None:
         """Answer the next `count` requests with `status` (a Status body, nothing stored)."""
@@ -315,6 +350,11 @@ class ApiServer:
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if meta["name"] in self.slices:
             return _status(409, "AlreadyExists", f'resourceslices "{meta["name"]}" already exists')
+        drop_gated(body, self.gates_off)
+        if request.query.get("dryRun") == "All":
+            answer = self._stamp(body)
+            self.dry_runs.append(answer)
+            return _json(answer, 201)
         stored = self._stamp(body)
         self.slices[meta["name"]] = stored
         self._notify("resourceslices", "ADDED", stored)
@@ -340,6 +380,7 @@ class ApiServer:
             )
         if body["spec"].get("driver") != current["spec"].get("driver"):
             return self._invalid("spec.driver: field is immutable")
+        drop_gated(body, self.gates_off)
         stored = self._stamp(body, current["metadata"])
         self.slices[name] = stored
         self._notify("resourceslices", "MODIFIED", stored)
@@ -444,7 +485,7 @@ class ApiServer:
         return response
 
     async def _version(self, request: web.Request) -> web.Response:
-        return _json(SERVER_VERSION)
+        return _json(self.version)
 
     async def _get_node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -587,6 +628,24 @@ def _schema_problem(body: JsonObject, kind: str, openapi: bool = True) -> str:
     if not (body.get("metadata") or {}).get("name") and kind != "ResourceSlice":
         return "metadata.name: Required value"
     return ""
+
+
+def drop_gated(body: JsonObject, gates_off: Collection[str]) -> None:
+    """Remove from a ResourceSlice the fields of the feature gates in `gates_off`, as the API
+    server's strategy does before it stores a new object: the write succeeds, the fields are
+    gone."""
+    spec = body.get("spec") or {}
+    if PARTITIONABLE_DEVICES in gates_off:
+        spec.pop("sharedCounters", None)
+    for device in spec.get("devices") or []:
+        if PARTITIONABLE_DEVICES in gates_off:
+            device.pop("consumesCounters", None)
+        if DEVICE_TAINTS in gates_off:
+            device.pop("taints", None)
+        if CONSUMABLE_CAPACITY in gates_off:
+            device.pop("allowMultipleAllocations", None)
+            for capacity in (device.get("capacity") or {}).values():
+                capacity.pop("requestPolicy", None)
 
 
 def _slice_problem(body: JsonObject) -> str:
