@@ -37,6 +37,31 @@ def test_each_module_pins_the_patch_the_docs_name() -> None:
     assert kubernetes_version.pinned() == docs_pins()
 
 
+# docs/cluster.md's columns after the patch, in order, and the module each names.
+COMPANIONS = (
+    "github.com/containerd/containerd/v2",
+    "github.com/opencontainers/runc",
+    "go.etcd.io/etcd/server/v3",
+    "sigs.k8s.io/cri-tools",
+    "github.com/containernetworking/plugins",
+)
+
+
+def test_each_module_pins_the_companions_the_docs_name() -> None:
+    """containerd, runc, etcd, crictl and the CNI plugins as go.mod selects them (after tidy)."""
+    rows = {
+        cells[0].removesuffix(" (default)"): cells[2:]
+        for line in DOCS.read_text().splitlines()
+        if re.match(r"^\| 1\.\d+(?: \(default\))? \| v1\.", line)
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    for module in kubernetes_version.module_dirs():
+        minor = kubernetes_version.pinned_patch(module)[0]
+        text = (module / "go.mod").read_text()
+        selected = [re.findall(rf"^\s+{re.escape(path)} (v\S+)", text, re.M) for path in COMPANIONS]
+        assert selected == [[version] for version in rows[minor]], minor
+
+
 def test_each_version_folder_is_named_for_its_module_and_builds_with_the_one_recipe() -> None:
     """The folder name is what KUBERNETES_VERSION names; the link makes build-module.sh hash and
     run the same recipe for every version, in that version's folder."""
