@@ -1,8 +1,8 @@
 // The real node of Kubernetes 1.36, built by build.sh like the default one in ../../go.mod:
 // k8s.io/kubernetes v1.36.3 (staging modules v0.36.3, replaced below), containerd v2.3.7 (the
-// newest patch of a line containerd's RELEASES.md supports for Kubernetes 1.36), runc v1.5.3
-// (the newest patch of the runc line that containerd's own CI runs), cri-tools v1.34.0 and CNI
-// plugins v1.10.0; etcd is the version Kubernetes v1.36.3 itself requires. See docs/cluster.md.
+// newest patch of the line built against this release's CRI API), runc v1.5.3 (the runc line
+// that containerd's own CI runs, newest patch), cri-tools v1.34.0 and CNI plugins v1.10.0; etcd
+// is the version Kubernetes v1.36.3 itself requires. See docs/cluster.md.
 module deviceplugin.local/e2e/cluster/versions/1.36
 
 go 1.26.8
