@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LINT_STAMP := $(VENV)/.lint-installed
 
-.PHONY: test test-slow fuzz demo demo-dra lint bench bench-reference protos image image-dra e2e compat cluster-images cluster cluster-down e2e-cluster bench-cluster clean
+.PHONY: test test-slow fuzz demo demo-dra lint bench bench-reference protos image image-dra e2e compat cluster-images cluster cluster-down e2e-cluster e2e-cluster-matrix bench-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -133,9 +133,13 @@ compat: $(STAMP)
 	$(PY) -m deviceplugin.sim.libbuild >/dev/null
 	$(PY) -m e2e.reference.compat
 
-# A real single-node Kubernetes 1.37 cluster built from source (e2e/cluster/: Go 1.26, root; the
-# build is cached outside the clone). `make cluster` brings it up with the plugin's images
-# imported, `make cluster-down` removes it; `make e2e-cluster` runs the scenarios in between.
+# A real single-node Kubernetes cluster built from source (e2e/cluster/: Go 1.26, root; the
+# build is cached outside the clone, per version). `make cluster` brings it up with the plugin's
+# images imported, `make cluster-down` removes it; `make e2e-cluster` runs the scenarios in
+# between. KUBERNETES_VERSION picks a pinned minor (1.34, 1.35, 1.36; empty: 1.37, the default,
+# docs/cluster.md); FEATURE_GATES=A=true,B=false is optional (empty: the version's defaults).
+KUBERNETES_VERSION ?=
+FEATURE_GATES ?=
 E2E_DRA_IMAGE ?= localhost/deviceplugin:e2e-dra
 E2E_BUSYBOX_IMAGE ?= localhost/deviceplugin-e2e-busybox:latest
 # NVIDIA's reference plugin, unmodified, beside ours on the real node (e2e/reference/image.sh).
@@ -150,7 +154,7 @@ cluster-images: $(STAMP)
 	e2e/cluster/save-images.sh $(E2E_IMAGE) $(E2E_DRA_IMAGE) $(E2E_BUSYBOX_IMAGE) $(E2E_REFERENCE_IMAGE)
 
 cluster: $(STAMP)
-	e2e/cluster/cluster up
+	KUBERNETES_VERSION=$(KUBERNETES_VERSION) FEATURE_GATES=$(FEATURE_GATES) e2e/cluster/cluster up
 
 cluster-down:
 	e2e/cluster/cluster down
@@ -164,6 +168,11 @@ bench-cluster: $(STAMP)
 e2e-cluster: cluster
 	E2E_IMAGE=$(E2E_IMAGE) E2E_DRA_IMAGE=$(E2E_DRA_IMAGE) $(PY) -m pytest -p no:cacheprovider -v e2e/cluster; \
 		status=$$?; e2e/cluster/cluster down; exit $$status
+
+# `make e2e-cluster` on each pinned version in turn (e2e/cluster/matrix.py); each one's exit
+# status and time land in e2e/cluster/run/matrix.json. The scenarios assume 1.37 (docs/cluster.md).
+e2e-cluster-matrix: $(STAMP)
+	$(PY) -m e2e.cluster.matrix
 
 # Regenerate the committed gRPC stubs from protos/ (tests check they match).
 protos: $(STAMP)

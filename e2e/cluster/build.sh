@@ -1,159 +1,46 @@
 #!/usr/bin/env bash
-# Builds the real node's components from source into a cache outside the clone and prints the
-# folder that holds them:
+# Builds the real node's components of one pinned Kubernetes version and prints the folder that
+# holds them:
 #
-#   e2e/cluster/build.sh            # -> /var/cache/deviceplugin-e2e/cluster/<key>/bin
-#   e2e/cluster/build.sh --check    # only the prerequisite check below
+#   e2e/cluster/build.sh [VERSION] [--check]    # VERSION: argument, else $KUBERNETES_VERSION,
+#                                               # else the default (the version of ./go.mod)
 #
-# Before building anything it checks its prerequisites (a C compiler, libc for static linking,
-# pkg-config, libseccomp, Go) and fails in the first second naming each missing one and its
-# Debian package; the `build` group of e2e/host-packages.txt lists the same packages (a test
-# keeps the two in step), and `make cluster` installs them first.
+# Each version is a Go module of its own: the default one is ./go.mod, every other one
+# versions/<minor>/go.mod. build-module.sh builds one module and keys its cache by a hash of
+# that module's go.mod, go.sum and build-module.sh itself (each version folder links to it),
+# so every version has its own cache folder and the default's key is the one it always had.
 #
-# Every version is in go.mod (go.sum pins their content): Kubernetes (kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubelet, kubectl), etcd, containerd (with ctr and the
-# runc shim), runc, crictl and the CNI plugins. The pause binary is compiled from the pinned
-# Kubernetes module's own build/pause/linux/pause.c. Everything comes from the Go module proxy;
-# nothing else is downloaded.
-#
-# The folder is keyed by a hash of go.mod, go.sum and this script, so a second run rebuilds
-# nothing (it only checks the binaries are there); GOCACHE and GOMODCACHE are Go's own, outside
-# the clone too, so a changed key rebuilds incrementally.
-#
-# Environment: E2E_CLUSTER_CACHE (default /var/cache/deviceplugin-e2e/cluster), GOFLAGS as usual.
+# A version that is not pinned exits 2 before anything is built, naming the ones that are.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${E2E_CLUSTER_CACHE:-/var/cache/deviceplugin-e2e/cluster}
-# Go 1.26.8 is enough for every pinned module (each go.mod asks at most 1.26.8). A newer one is
-# fetched through the module proxy only if a go line ever asks for it.
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
-export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
-key=$(cat "$here/go.mod" "$here/go.sum" "$0" | sha256sum | cut -c1-16)
-out=$cache/$key
-bin=$out/bin
-stamp=$out/.complete
+# The minor (1.37) of the k8s.io/kubernetes a module pins.
+minor_of() { sed -n 's|^[[:space:]]*k8s.io/kubernetes v\(1\.[0-9]*\)\..*|\1|p' "$1/go.mod" | head -n1; }
 
-log() { printf '[cluster build] %s\n' "$*" >&2; }
-
-# --- prerequisites: `need KIND WHAT PACKAGE`, one line each ------------------------------------
-missing=()
-need() {
-    local kind=$1 what=$2 package=$3 found=1
-    case $kind in
-        command) command -v "$what" >/dev/null || found=0 ;;
-        # gcc prints the bare name back when it finds no such file.
-        gcc-file) local file
-            file=$(gcc -print-file-name="$what" 2>/dev/null || true)
-            [ "$file" != "$what" ] && [ -f "$file" ] || found=0 ;;
-        pkg-config) pkg-config --exists "$what" 2>/dev/null || found=0 ;;
-    esac
-    [ "$found" = 1 ] || missing+=("$what ($kind; Debian package $package)")
-}
-check_prerequisites() {
-    need command gcc gcc
-    need gcc-file libc.a libc6-dev
-    need command pkg-config pkg-config
-    need pkg-config libseccomp libseccomp-dev
-    local wanted have
-    wanted=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$here/go.mod")
-    if ! command -v go >/dev/null; then
-        missing+=("go (Go $wanted or newer, from go.dev: not a Debian package)")
-    else
-        have=$(go env GOVERSION 2>/dev/null || true)
-        have=${have#go}
-        # GOTOOLCHAIN=auto meets a newer go line with a toolchain from the module proxy.
-        if [ "$(printf '%s\n%s\n' "$wanted" "$have" | sort -V | head -n1)" != "$wanted" ] &&
-            [ "${GOTOOLCHAIN%%+*}" = local ]; then
-            missing+=("go $wanted or newer (found go $have with GOTOOLCHAIN=local)")
-        fi
-    fi
-    if [ ${#missing[@]} -gt 0 ]; then
-        log "missing prerequisites, nothing built:"
-        printf '[cluster build]   %s\n' "${missing[@]}" >&2
-        log "install them with: sudo e2e/host-packages.sh build (or make cluster, which does)"
-        exit 1
-    fi
-}
-
-if [ "${1:-}" = --check ]; then
-    check_prerequisites
-    log "prerequisites: all present"
-    exit 0
-fi
-if [ -f "$stamp" ]; then
-    log "cached: $bin"
-    echo "$bin"
-    exit 0
-fi
-check_prerequisites
-
-cd "$here"
-version_of() { go list -m -f '{{.Version}}' "$1"; }
-k8s=$(version_of k8s.io/kubernetes)
-containerd=$(version_of github.com/containerd/containerd/v2)
-runc=$(version_of github.com/opencontainers/runc)
-mkdir -p "$bin/cni"
-start=$(date +%s)
-
-step() {
-    local what=$1 s
-    shift
-    s=$(date +%s)
-    log "$what ..."
-    "$@"
-    log "$what: $(( $(date +%s) - s )) s"
-}
-
-k8s_ldflags=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    minor=${k8s#v1.}
-    minor=${minor%%.*}
-    k8s_ldflags+=" -X $pkg.gitVersion=$k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    k8s_ldflags+=" -X $pkg.gitTreeState=clean"
+declare -A module
+default=$(minor_of "$here")
+module[$default]=$here
+for dir in "$here"/versions/*/; do
+    dir=${dir%/}
+    module[$(minor_of "$dir")]=$dir
 done
+pinned=$(printf '%s\n' "${!module[@]}" | sort -V)
+pinned=${pinned//$'\n'/ }
 
-# The upstream build's tags (hack/lib/golang.sh): selinux,notest; static like upstream's
-# control plane (the kubelet builds and runs fine static as well).
-step "kubernetes $k8s" env CGO_ENABLED=0 go build -trimpath -tags selinux,notest \
-    -ldflags "-s -w$k8s_ldflags" -o "$bin/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
-
-step "etcd $(version_of go.etcd.io/etcd/server/v3)" env CGO_ENABLED=0 go build -trimpath \
-    -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3
-
-# containerd's Makefile: urfave_cli_no_docs; no_btrfs drops the btrfs headers (no snapshotter
-# here uses it). The shim is static (SHIM_CGO_ENABLED=0), as upstream ships it.
-containerd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd"
-step "containerd $containerd" env CGO_ENABLED=1 go build -trimpath \
-    -tags "urfave_cli_no_docs no_btrfs" -ldflags "$containerd_ldflags" -o "$bin/" \
-    github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr
-step "containerd-shim-runc-v2" env CGO_ENABLED=0 go build -trimpath \
-    -tags "urfave_cli_no_docs no_btrfs" -ldflags "$containerd_ldflags -extldflags -static" \
-    -o "$bin/containerd-shim-runc-v2" github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
-
-# runc: cgo (nsenter is C) with seccomp (libseccomp-dev); without libpathrs, which Debian does
-# not package (runc then uses its Go implementation).
-step "runc $runc" env CGO_ENABLED=1 go build -trimpath -buildmode=pie \
-    -tags "seccomp urfave_cli_no_docs" -ldflags "-s -w -X main.version=${runc#v}" \
-    -o "$bin/runc" github.com/opencontainers/runc
-
-step "crictl $(version_of sigs.k8s.io/cri-tools)" env CGO_ENABLED=0 go build -trimpath \
-    -ldflags "-s -w" -o "$bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl
-
-step "cni plugins $(version_of github.com/containernetworking/plugins)" env CGO_ENABLED=0 \
-    go build -trimpath -ldflags "-s -w" -o "$bin/cni/" \
-    github.com/containernetworking/plugins/plugins/main/bridge \
-    github.com/containernetworking/plugins/plugins/main/loopback \
-    github.com/containernetworking/plugins/plugins/ipam/host-local \
-    github.com/containernetworking/plugins/plugins/meta/portmap
-
-pause_src=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
-step "pause" gcc -Os -Wall -Werror -static -DVERSION="$k8s-deviceplugin-e2e" \
-    -o "$bin/pause" "$pause_src"
-
-touch "$stamp"
-log "built into $bin in $(( $(date +%s) - start )) s"
-echo "$bin"
+args=()
+version=${KUBERNETES_VERSION:-}
+for arg in "$@"; do
+    case $arg in
+        --*) args+=("$arg") ;;
+        *) version=$arg ;;
+    esac
+done
+version=${version:-$default}
+version=${version#v}
+if [ -z "${module[$version]:-}" ]; then
+    printf '[cluster build] Kubernetes version %q is not pinned; pinned: %s\n' \
+        "$version" "$pinned" >&2
+    exit 2
+fi
+exec "${module[$version]}/build-module.sh" "${args[@]}"

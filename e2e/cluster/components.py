@@ -1,11 +1,14 @@
 """What each component runs with: its exact command line, and the files it reads (CNI, containerd,
-kubelet configuration, kubeconfigs)."""
+kubelet configuration, kubeconfigs). The same flags serve every pinned version (1.34 to 1.37 all
+take them); feature gates are each version's defaults unless `FEATURE_GATES` names some."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
+from e2e.cluster.kubernetes_version import as_flag
 from e2e.cluster.layout import (
     API_PORT,
     BRIDGE,
@@ -28,8 +31,9 @@ from e2e.cluster.pki import kubeconfig
 from e2e.cluster.processes import Component
 
 
-def components(bin_dir: Path) -> dict[str, Component]:
-    """Each component with its exact command line."""
+def components(bin_dir: Path, gates: Mapping[str, bool]) -> dict[str, Component]:
+    """Each component with its exact command line; `gates` go to every control-plane component
+    (the kubelet reads them from its configuration file)."""
     pki = PKI
     return {
         c.name: c
@@ -75,6 +79,7 @@ def components(bin_dir: Path) -> dict[str, Component]:
                     # apply unchanged.
                     "--runtime-config=resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true",
                     "--endpoint-reconciler-type=none",
+                    *as_flag(gates),
                     "--v=1",
                 ),
             ),
@@ -94,6 +99,7 @@ def components(bin_dir: Path) -> dict[str, Component]:
                     f"--cluster-signing-key-file={pki / 'ca.key'}",
                     f"--service-cluster-ip-range={SERVICE_SUBNET}",
                     "--controllers=*",
+                    *as_flag(gates),
                     "--v=1",
                 ),
             ),
@@ -106,6 +112,7 @@ def components(bin_dir: Path) -> dict[str, Component]:
                     f"--authorization-kubeconfig={RUN / 'scheduler.kubeconfig'}",
                     "--bind-address=127.0.0.1",
                     "--leader-elect=false",
+                    *as_flag(gates),
                     "--v=1",
                 ),
             ),
@@ -133,7 +140,7 @@ def components(bin_dir: Path) -> dict[str, Component]:
     }
 
 
-def write_configs(bin_dir: Path) -> None:
+def write_configs(bin_dir: Path, gates: Mapping[str, bool]) -> None:
     cni_conf = RUN / "cni"
     cni_conf.mkdir(parents=True, exist_ok=True)
     (cni_conf / "10-deviceplugin-e2e.conflist").write_text(
@@ -229,6 +236,7 @@ state = "{RUNTIME_STATE / "containerd"}"
                 "serializeImagePulls": False,
                 # bench/cluster.py runs 200 pods on this one node.
                 "maxPods": 250,
+                **({"featureGates": dict(gates)} if gates else {}),
             },
             indent=2,
         )

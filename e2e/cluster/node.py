@@ -35,6 +35,7 @@ from pathlib import Path
 from e2e.cluster import network
 from e2e.cluster.components import components, write_configs
 from e2e.cluster.images import ensure_images, import_images
+from e2e.cluster.kubernetes_version import BadInput, chosen, feature_gates
 from e2e.cluster.layout import (
     CONTAINERD_SOCKET,
     ETCD_CLIENT,
@@ -61,6 +62,8 @@ from e2e.cluster.processes import (
 from e2e.cluster.shell import ClusterError, log, run, wait_for
 
 SIMULATED_NODE = Path("/var/lib/deviceplugin-sim")
+# The Kubernetes minor the running cluster was started with: `up` of another one refuses.
+VERSION_FILE = RUN / "kubernetes-version"
 SIMULATED_PRESET = "a100-80gb-x8-mixed"
 # The dynamic-MIG node of manifests/overlays/simulated-node-dra-dynamic-mig: a root of its own.
 DYNAMIC_PRESET = "a100-80gb-x8-dynamic"
@@ -89,9 +92,9 @@ def ensure_host_packages() -> None:
         raise ClusterError(f"host commands missing: {', '.join(absent)}")
 
 
-def binaries() -> Path:
-    """The cached build (build.sh builds it once per version set)."""
-    done = subprocess.run([str(HERE / "build.sh")], stdout=subprocess.PIPE, text=True)
+def binaries(version: str) -> Path:
+    """The cached build of one Kubernetes version (build.sh builds it once per version set)."""
+    done = subprocess.run([str(HERE / "build.sh"), version], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise ClusterError("build.sh failed (its output is above)")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -137,19 +140,24 @@ def prepare_simulated_node() -> None:
         events.symlink_to(target)
 
 
-def up() -> None:
+def up(version: str, gates: dict[str, bool]) -> None:
+    running = any(pid_of(name) for name in STOP_ORDER)
+    before = VERSION_FILE.read_text().strip() if VERSION_FILE.exists() else None
+    if running and before not in (None, version):
+        raise ClusterError(f"a Kubernetes {before} cluster is running: `cluster down` it first")
     ensure_host_packages()
-    bin_dir = binaries()
+    bin_dir = binaries(version)
     helm()
-    if not any(pid_of(name) for name in STOP_ORDER):
+    if not running:
         clean_host()  # a fresh start: nothing of an earlier cluster may linger
     ensure_images()
     RUN.mkdir(exist_ok=True)
     prepare_host()
     prepare_simulated_node()
     make_pki()
-    write_configs(bin_dir)
-    every = components(bin_dir)
+    write_configs(bin_dir, gates)
+    VERSION_FILE.write_text(version + "\n")
+    every = components(bin_dir, gates)
     start(every["etcd"])
     wait_for(
         "etcd",
@@ -174,7 +182,8 @@ def up() -> None:
         60,
         "kube-controller-manager",
     )
-    log(f"up: node {NODE_NAME} Ready; KUBECONFIG={RUN / 'kubeconfig'} {RUN / 'bin' / 'kubectl'}")
+    kubectl = RUN / "bin" / "kubectl"
+    log(f"up: Kubernetes {version}, {NODE_NAME} Ready; KUBECONFIG={RUN / 'kubeconfig'} {kubectl}")
 
 
 def publish_tools(bin_dir: Path) -> None:
@@ -278,13 +287,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cluster", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
-        "up", help="build if needed, start everything, wait for the node to be Ready"
+        "up",
+        help="build if needed, start everything, wait for the node to be Ready; the version is"
+        " KUBERNETES_VERSION (a pinned minor, default the newest), FEATURE_GATES=A=true,B=false"
+        " optional (otherwise the version's defaults)",
     )
     commands.add_parser("down", help="stop everything and clean the host")
     commands.add_parser("status", help="each component, the node and its allocatable")
     restart_parser = commands.add_parser("restart", help="stop and start one component")
     restart_parser.add_argument("component", choices=STOP_ORDER)
     args = parser.parse_args(argv)
+    if args.command == "up":  # bad input is refused before anything is checked or done
+        try:
+            version, gates = chosen(os.environ), feature_gates(os.environ)
+        except BadInput as exc:
+            print(f"cluster: {exc}", file=sys.stderr)
+            return 2
     if os.geteuid() != 0:
         if args.command == "up":  # name the missing packages too, so one sudo session does it
             subprocess.run([str(REPO / "e2e" / "host-packages.sh"), "--check", *PACKAGE_GROUPS])
@@ -292,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if args.command == "up":
-            up()
+            up(version, gates)
         elif args.command == "down":
             down()
         elif args.command == "restart":
