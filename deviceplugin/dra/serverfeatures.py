@@ -41,6 +41,9 @@ CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 DEVICE_TAINTS = "DRADeviceTaints"
 _PROBE = "probe"  # the device's and counter set's name
 _GIB = 1 << 30
+# The probe device's memory: room above the smallest share for a step, which the API server
+# checks (a device of 1 GiB, the smallest share itself, is refused as invalid).
+_PROBE_MEMORY = 16 * _GIB
 _COUNTERS = {"memory": {"value": "1Gi"}}
 
 
@@ -188,7 +191,10 @@ class ServerProbe:
             "name": _PROBE,
             "allowMultipleAllocations": True,
             "capacity": {
-                MEMORY: {"value": quantity(_GIB), "requestPolicy": request_policy(_GIB, quantity)}
+                MEMORY: {
+                    "value": quantity(_PROBE_MEMORY),
+                    "requestPolicy": request_policy(_PROBE_MEMORY, quantity),
+                }
             },
             "taints": [{"key": f"{self._driver}/{_PROBE}", "effect": "NoSchedule"}],
         }
