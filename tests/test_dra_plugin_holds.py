@@ -5,10 +5,13 @@ gone, and publishes nothing new as free while it cannot tell."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import select
 import socket
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from deviceplugin.model.devices import Gpu, Inventory
 from deviceplugin.model.slices import device_name
@@ -20,7 +23,11 @@ ALL_DEVICES = 32  # a100-80gb-x8-mixed as DRA publishes it
 
 def plugin_socket(node: Node) -> socket.socket:
     """A device plugin serving `nvidia.com/gpu` on the node."""
-    path = node.kubelet_root / "device-plugins" / "nvidia-gpu.sock"
+    return plugin_socket_at(node.kubelet_root / "device-plugins" / "nvidia-gpu.sock")
+
+
+def plugin_socket_at(path: Path) -> socket.socket:
+    """A unix socket at `path` that accepts connections and never answers."""
     path.parent.mkdir(parents=True, exist_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(path))
@@ -225,5 +232,33 @@ def test_no_new_claim_is_prepared_on_what_a_device_plugin_has() -> None:
             pods.release("team", "trainer")
             await node.driver.check_node()
             assert not (await node.watcher.prepare(DRIVER, [taken])).claims[taken[2]].error
+
+    run(body)
+
+
+def test_a_kubelet_that_does_not_answer_holds_no_other_change_up() -> None:
+    """The PodResources List is awaited off the engine's serialized path: while it waits on a
+    socket that accepts and never answers, a change of the engine (a health event, a reload)
+    goes through."""
+
+    async def body() -> None:
+        async with running_driver() as node:
+            plugin = await plugin_serving(node)
+            silent = plugin_socket_at(node.kubelet_root / "pod-resources" / "kubelet.sock")
+            try:
+                plugin.close()
+                checking = asyncio.create_task(node.driver.check_node())
+                await node.until(lambda: bool(select.select([silent], [], [], 0)[0]))
+                # the List has connected, and waits for an answer that never comes
+
+                async def nothing() -> str:
+                    return "changed"
+
+                assert await node.driver.engine.change(nothing, "stopped") == "changed"
+                assert node.driver.plugin_holds.unknown is None  # the List still waits
+                await checking
+                assert node.driver.status().document()["held_unknown"]
+            finally:
+                silent.close()
 
     run(body)

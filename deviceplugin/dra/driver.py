@@ -309,8 +309,20 @@ class DraDriver:
 
     async def check_device_plugins(self) -> None:
         """Stand aside while a device plugin serves NVIDIA GPUs on this node, and publish again
-        once it is gone (dra/coexistence.py)."""
-        await self.engine.change(self._check_device_plugins, None)
+        once it is gone (dra/coexistence.py), withholding what its pods still hold
+        (dra/pluginholds.py). The sockets and the kubelet's List are read off the engine's
+        serialized path, so a kubelet that does not answer holds no other change up; a change
+        is published on it."""
+        inventory = self.engine.inventory
+        if self.publisher is None or inventory is None:
+            return
+        found = await asyncio.to_thread(live_device_plugins, self._device_plugins_dir)
+        changed = found != self._device_plugins
+        if changed:
+            self._device_plugins = found
+            self._report_device_plugins()
+        if await self._read_plugin_holds(inventory, changed) or changed:
+            await self.engine.change(self._republish, None)
 
     async def reload(
         self, trigger: str, force: bool = False, config_path: str | None = None
@@ -406,17 +418,8 @@ class DraDriver:
         self._publish()
         self.publisher.request_refresh()
 
-    async def _check_device_plugins(self) -> None:
-        inventory = self.engine.inventory
-        if self.publisher is None or inventory is None:
-            return
-        found = await asyncio.to_thread(live_device_plugins, self._device_plugins_dir)
-        changed = found != self._device_plugins
-        if changed:
-            self._device_plugins = found
-            self._report_device_plugins()
-        if await self._read_plugin_holds(inventory, changed) or changed:
-            self._publish()
+    async def _republish(self) -> None:
+        self._publish()
 
     async def _read_plugin_holds(self, inventory: Inventory, sockets_changed: bool) -> bool:
         """While a device plugin serves, nothing is published and nothing needs reading; once
