@@ -16,9 +16,13 @@
 # Kubernetes module's own build/pause/linux/pause.c. Everything comes from the Go module proxy;
 # nothing else is downloaded.
 #
-# The folder is keyed by a hash of go.mod, go.sum and this script, so a second run rebuilds
-# nothing (it only checks the binaries are there); GOCACHE and GOMODCACHE are Go's own, outside
-# the clone too, so a changed key rebuilds incrementally.
+# A tool that does not compile against the libraries the Kubernetes release pins (runc and crictl
+# of the older versions) has a module of its own in tools/<name>/, with only its own release's
+# requirements, as upstream builds it; the tool is built there, everything else here.
+#
+# The folder is keyed by a hash of every go.mod and go.sum (tools/ included) and this script, so
+# a second run rebuilds nothing (it only checks the binaries are there); GOCACHE and GOMODCACHE
+# are Go's own, outside the clone too, so a changed key rebuilds incrementally.
 #
 # Environment: E2E_CLUSTER_CACHE (default /var/cache/deviceplugin-e2e/cluster), GOFLAGS as usual.
 set -euo pipefail
@@ -30,7 +34,8 @@ cache=${E2E_CLUSTER_CACHE:-/var/cache/deviceplugin-e2e/cluster}
 export GOTOOLCHAIN=${GOTOOLCHAIN:-auto}
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
-key=$(cat "$here/go.mod" "$here/go.sum" "$0" | sha256sum | cut -c1-16)
+key=$(cat "$here/go.mod" "$here/go.sum" $(find "$here/tools" -name 'go.*' 2>/dev/null | sort) "$0" |
+    sha256sum | cut -c1-16)
 out=$cache/$key
 bin=$out/bin
 stamp=$out/.complete
@@ -90,10 +95,12 @@ fi
 check_prerequisites
 
 cd "$here"
-version_of() { go list -m -f '{{.Version}}' "$1"; }
+# The module folder a tool is built in: its own under tools/, else this one.
+module_of() { if [ -f "$here/tools/$1/go.mod" ]; then echo "$here/tools/$1"; else echo "$here"; fi; }
+version_of() { (cd "$(module_of "${2:-}")" && go list -m -f '{{.Version}}' "$1"); }
 k8s=$(version_of k8s.io/kubernetes)
 containerd=$(version_of github.com/containerd/containerd/v2)
-runc=$(version_of github.com/opencontainers/runc)
+runc=$(version_of github.com/opencontainers/runc runc)
 mkdir -p "$bin/cni"
 start=$(date +%s)
 
@@ -136,11 +143,12 @@ step "containerd-shim-runc-v2" env CGO_ENABLED=0 go build -trimpath \
 
 # runc: cgo (nsenter is C) with seccomp (libseccomp-dev); without libpathrs, which Debian does
 # not package (runc then uses its Go implementation).
-step "runc $runc" env CGO_ENABLED=1 go build -trimpath -buildmode=pie \
+step "runc $runc" env -C "$(module_of runc)" CGO_ENABLED=1 go build -trimpath -buildmode=pie \
     -tags "seccomp urfave_cli_no_docs" -ldflags "-s -w -X main.version=${runc#v}" \
     -o "$bin/runc" github.com/opencontainers/runc
 
-step "crictl $(version_of sigs.k8s.io/cri-tools)" env CGO_ENABLED=0 go build -trimpath \
+step "crictl $(version_of sigs.k8s.io/cri-tools crictl)" env -C "$(module_of crictl)" \
+    CGO_ENABLED=0 go build -trimpath \
     -ldflags "-s -w" -o "$bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl
 
 step "cni plugins $(version_of github.com/containernetworking/plugins)" env CGO_ENABLED=0 \
