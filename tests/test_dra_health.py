@@ -17,6 +17,7 @@ from deviceplugin.dra.devicehealth import (
     HealthReporter,
     device_states,
 )
+from deviceplugin.dra.kubeletcalls import KubeletCalls
 from deviceplugin.model.slices import device_name
 from deviceplugin.node.unixgrpc import close_unix, listen_unix
 from deviceplugin.sim.pluginwatcher import PluginWatcher
@@ -64,6 +65,10 @@ def test_a_prepared_devices_health_reaches_the_pod_status_and_comes_back(library
             assert status()[whole_id] == {"resourceID": whole_id, "health": "Healthy"}
             await node.until(lambda: status()[mig_id]["health"] == "Healthy", 10.0)
             assert "message" not in status()[mig_id]
+            # /status says which versions this kubelet uses
+            used = node.driver.status().document()["kubelet_api"]
+            assert set(used) == {"v1.DRAPlugin", "v1.DRAResourceHealth"}
+            assert used["v1.DRAPlugin"]["calls"] == 1 and used["v1.DRAResourceHealth"]["calls"] >= 1
 
     run(body)
 
@@ -84,6 +89,10 @@ def test_a_kubelet_that_knows_only_v1alpha1_health_follows_it() -> None:
                 assert (NODE, WHOLE_NAME) in plugin.health
                 node.event(uuid=WHOLE.uuid, xid=48)
                 await node.until(lambda: plugin.health[(NODE, WHOLE_NAME)].health == "UNHEALTHY")
+                ref = node.add_claim(claim("old", [("gpu", MIG_NAME)]))
+                await old.prepare(DRIVER, [ref], version="v1beta1.DRAPlugin")
+                used = node.driver.status().document()["kubelet_api"]
+                assert set(used) == {"v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"}
             finally:
                 await old.stop()
 
@@ -116,7 +125,7 @@ def test_a_stream_sends_at_once_resends_unchanged_follows_changes_and_ends_on_cl
         socket = root / "dra.sock"
         reporter = HealthReporter(NODE, resend_seconds=0.02, timeout_seconds=7)
         await reporter.update((DeviceState("gpu-0", True), DeviceState("gpu-1", True)))
-        server = await listen_unix(socket, reporter.add_to)
+        server = await listen_unix(socket, lambda s: reporter.add_to(s, KubeletCalls()))
         channel = grpc.aio.insecure_channel(f"unix://{socket}")
         try:
             async with asyncio.timeout(10):

@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from deviceplugin.dra.kubeletcalls import KubeletCalls, service_name
 from deviceplugin.model.devices import Gpu, MigDevice
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import unhealthy_reason
@@ -63,7 +64,7 @@ def device_states(
 class HealthReporter:
     """The driver's current device health, streamed to every kubelet that watches it.
 
-    `update()` replaces the states and wakes the open streams; `add_to(server)` serves both
+    `update()` replaces the states and wakes the open streams; `add_to(server, calls)` serves both
     versions on a gRPC server; `close()` ends the streams of that server (before it stops)."""
 
     def __init__(
@@ -93,12 +94,14 @@ class HealthReporter:
         await self._wake()
         return True
 
-    def add_to(self, server: grpc.aio.Server) -> None:
-        """Serve v1 and v1alpha1 on `server` (before it starts)."""
+    def add_to(self, server: grpc.aio.Server, calls: KubeletCalls) -> None:
+        """Serve v1 and v1alpha1 on `server` (before it starts); `calls` counts each stream."""
         streams = _Streams(self)
         self._streams.append(streams)
-        v1_grpc.add_DRAResourceHealthServicer_to_server(_Service(v1, streams), server)
-        v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(_Service(v1alpha1, streams), server)
+        v1_grpc.add_DRAResourceHealthServicer_to_server(_Service(v1, streams, calls), server)
+        v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(
+            _Service(v1alpha1, streams, calls), server
+        )
 
     async def close(self) -> None:
         """End every open stream, so a stopping server need not wait for them."""
@@ -155,12 +158,15 @@ class _Streams:
 class _Service:
     """NodeWatchResources over one version's messages."""
 
-    def __init__(self, messages: ModuleType, streams: _Streams) -> None:
+    def __init__(self, messages: ModuleType, streams: _Streams, calls: KubeletCalls) -> None:
         self._messages = messages
         self._streams = streams
+        self._calls = calls
+        self._name = service_name(messages, "DRAResourceHealth")
 
     async def NodeWatchResources(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
+        self._calls.called(self._name)
         async for message in self._streams.reporter.watch(self._streams, self._messages):
             yield message

@@ -464,6 +464,7 @@ class DraDriver:
             held_unknown=self.plugin_holds.unknown,
             server_features=self._server_features(),
             features_missing=tuple(why for _, why in self._features_missing),
+            kubelet_api=self.dra.calls.document() if self.dra is not None else None,
         )
 
     def _server_features(self) -> dict[str, Any] | None:

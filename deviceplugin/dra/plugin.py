@@ -22,6 +22,7 @@ import grpc
 
 from deviceplugin.dra.checkpoint import PreparedDevice
 from deviceplugin.dra.devicehealth import HealthReporter
+from deviceplugin.dra.kubeletcalls import KubeletCalls, service_name
 from deviceplugin.dra.prepare import ClaimRef, Preparer
 from deviceplugin.model.errors import ConfigError
 from deviceplugin.model.log import log_exception
@@ -47,15 +48,22 @@ class _Service:
     """NodePrepareResources / NodeUnprepareResources over one version's messages."""
 
     def __init__(
-        self, messages: ModuleType, preparer: Preparer, observer: ClaimsObserver | None
+        self,
+        messages: ModuleType,
+        preparer: Preparer,
+        observer: ClaimsObserver | None,
+        calls: KubeletCalls,
     ) -> None:
         self._messages = messages
         self._preparer = preparer
         self._observer = observer
+        self._calls = calls
+        self._name = service_name(messages, "DRAPlugin")
 
     async def NodePrepareResources(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
+        self._calls.called(self._name)
         began, refs = time.perf_counter(), _refs(request)
         try:
             outcomes = await self._preparer.prepare(refs)
@@ -78,6 +86,7 @@ class _Service:
     async def NodeUnprepareResources(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
+        self._calls.called(self._name)
         began, refs = time.perf_counter(), _refs(request)
         try:
             errors = await self._preparer.unprepare(refs)
@@ -123,7 +132,7 @@ def _refs(request: Any) -> list[ClaimRef]:
 
 class DraServer:
     """Both versions of the DRA service for one driver, and of the health service when given a
-    reporter, on one unix socket."""
+    reporter, on one unix socket; `calls` records which versions the kubelet uses."""
 
     def __init__(
         self,
@@ -136,6 +145,7 @@ class DraServer:
         self._preparer = preparer
         self._observer = observer
         self._health = health
+        self.calls = KubeletCalls()
 
     @property
     def socket(self) -> Path:
@@ -154,10 +164,10 @@ class DraServer:
 
         def add(server: grpc.aio.Server) -> None:
             for messages, stubs in ((v1, v1_grpc), (v1beta1, v1beta1_grpc)):
-                service = _Service(messages, self._preparer, self._observer)
+                service = _Service(messages, self._preparer, self._observer, self.calls)
                 stubs.add_DRAPluginServicer_to_server(service, server)
             if self._health is not None:
-                self._health.add_to(server)
+                self._health.add_to(server, self.calls)
 
         try:
             await self._unix.start(add)

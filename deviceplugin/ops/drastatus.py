@@ -54,6 +54,8 @@ class DraStatus:
     server_features: dict[str, Any] | None = None
     # what the flags ask that the server's gates keep it from publishing, each naming the gate
     features_missing: tuple[str, ...] = ()
+    # which versions of the DRA and health services the kubelet called (`KubeletCalls.document`)
+    kubelet_api: dict[str, dict[str, Any]] | None = None
 
     @property
     def not_ready(self) -> list[str]:
@@ -105,6 +107,7 @@ class DraStatus:
             "held_by_device_plugins": list(self.held_by_device_plugins),
             "held_unknown": self.held_unknown,
             "server_features": self.server_features,
+            "kubelet_api": self.kubelet_api or {},
             "checkpoint": {
                 "unusable": unusable.count if unusable else 0,
                 "last_error": unusable.error if unusable else None,
