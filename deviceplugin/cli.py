@@ -279,6 +279,11 @@ def _add_explain_flags(explain: argparse.ArgumentParser) -> None:
         "--unhealthy", action="append", default=[], metavar="UUID", help="mark a device unhealthy"
     )
     explain.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    explain.add_argument(
+        "--kubernetes-version",
+        metavar="1.3X",
+        help="answer as that release's API server and scheduler, default gates (default: newest)",
+    )
     explain_flags = {n: _RUNTIME_FLAGS[n] for n in ("config-file", "simulate", "simulate-events")}
     explain_flags["unhealthy-taint"] = _DRA_FLAGS["unhealthy-taint"]
     explain_flags["gpu-sharing"] = _DRA_FLAGS["gpu-sharing"]
@@ -448,6 +453,7 @@ def _options(
             taint=effect,
             gpu_sharing=sharing,
             mig_mode=mig,
+            kubernetes_version=values.get("kubernetes_version"),
             output=values.get("output") or "table",
             env=dict(env),
         )

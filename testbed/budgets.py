@@ -150,6 +150,7 @@ DRA_SERVE_MODULES = _COMMON_MODULES | frozenset(
         "deviceplugin.dra.driver",
         "deviceplugin.dra.failpoints",
         "deviceplugin.dra.kubeapi",
+        "deviceplugin.dra.kubeletcalls",
         "deviceplugin.dra.memorylimits",
         "deviceplugin.dra.migcut",
         "deviceplugin.dra.migrecord",

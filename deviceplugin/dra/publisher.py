@@ -66,7 +66,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deviceplugin.dra.serverfeatures import ServerFeatures
+from deviceplugin.dra.serverfeatures import ALL_KEPT, ServerFeatures
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.log import log_event
 from deviceplugin.model.migpartitions import counter_sets
@@ -86,7 +86,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ALL_KEPT = ServerFeatures(counters=True, consumable_capacity=True, taints=True)
 REPAIR_QUIET_SECONDS = 60.0  # repairs this far apart are each made at once
 
 JsonObject = dict[str, Any]
@@ -192,21 +191,17 @@ class SlicePublisher:
         at once, whatever the API server does. `blocked` (device name -> why): dynamic MIG
         devices a MIG instance this driver did not create overlaps, published tainted;
         `withheld`: what device-plugin pods hold, left out."""
-        kept = self.features
-        desired = build_devices(
+        self._desired, self._counter_sets = slice_contents(
             inventory,
             unhealthy,
             self.driver,
             self.taint,
-            self.memory_shares and kept.consumable_capacity,
+            self.memory_shares,
             self.dynamic_mig,
+            self.features,
             blocked,
             withheld,
-            kept.counters,
         )
-        self._desired = desired if kept.taints else [d for d in desired if not d.get("taints")]
-        with_counters = self.dynamic_mig and kept.counters
-        self._counter_sets = counter_sets(inventory, quantity) if with_counters else []
         self._version += 1
         self._published.clear()
         self._kick()
@@ -431,6 +426,30 @@ class SlicePublisher:
             generation=generation,
         )
         return True
+
+
+def slice_contents(
+    inventory: Inventory,
+    unhealthy: Mapping[str, str],
+    driver: str,
+    taint: TaintEffect | None,
+    memory_shares: bool,
+    dynamic_mig: bool,
+    kept: ServerFeatures,
+    blocked: Mapping[str, str] | None = None,
+    withheld: Holdings | None = None,
+) -> tuple[list[JsonObject], list[JsonObject]]:
+    """The devices and counter sets to publish where the API server keeps `kept`: without
+    counters no partition or counter set, without consumable capacity no share, without taints
+    no unhealthy device (it would be offered untainted)."""
+    shares = memory_shares and kept.consumable_capacity
+    devices = build_devices(
+        inventory, unhealthy, driver, taint, shares, dynamic_mig, blocked, withheld, kept.counters
+    )
+    if not kept.taints:
+        devices = [d for d in devices if not d.get("taints")]
+    with_counters = dynamic_mig and kept.counters
+    return devices, counter_sets(inventory, quantity) if with_counters else []
 
 
 def _versions(items: Iterable[JsonObject]) -> dict[str, str]:

@@ -75,6 +75,17 @@ class ServerFeatures:
 
 
 UNKNOWN = ServerFeatures(counters=False, consumable_capacity=False, taints=False)
+ALL_KEPT = ServerFeatures(counters=True, consumable_capacity=True, taints=True)
+
+# What each Kubernetes release keeps with its default feature gates (the three gates are alpha,
+# off, in 1.34 and 1.35 and on from 1.36), as the probe finds on a cluster of that release; for
+# `dra explain --kubernetes-version`, which has no server to ask.
+BY_DEFAULT = {
+    "1.34": replace(UNKNOWN, version="v1.34"),
+    "1.35": replace(UNKNOWN, version="v1.35"),
+    "1.36": replace(ALL_KEPT, version="v1.36"),
+    "1.37": replace(ALL_KEPT, version="v1.37"),
+}
 
 
 def missing(

@@ -14,7 +14,9 @@ does not tolerate its taint. `--config-file` is checked as `dra serve` would che
 it changes what is published. `--gpu-sharing` and `--mig-mode` publish as `dra serve` does with
 them; with `--mig-mode dynamic` the node's slices carry counter sets, and claims are allocated
 against them as the scheduler does (`dra.counters`): the counter sets are read from the slices
-that carry them, the devices from the others.
+that carry them, the devices from the others. `--kubernetes-version 1.35` answers as that
+release's API server and scheduler would with their default gates (`explain.versions`): the
+node publishes what `dra serve` publishes there, and claims lose the fields that server drops.
 
 Bad input of any kind (unreadable files, YAML that is not a Kubernetes object, objects the API
 server would refuse) is answered with exit 2 and a message naming the file and field path.
@@ -29,14 +31,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from deviceplugin.dra.publisher import slice_contents
 from deviceplugin.explain.claims import Allocation, Candidate, allocate_all, select
 from deviceplugin.explain.counters import SharedCounters
 from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
 from deviceplugin.explain.selectors import SelectorError, SelectorLimitError
+from deviceplugin.explain.versions import as_stored, features
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
-from deviceplugin.model.migpartitions import counter_sets
-from deviceplugin.model.slices import build_devices, build_slices, quantity
+from deviceplugin.model.slices import build_slices, quantity
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.model.yamlimport import yaml
 from deviceplugin.node.configread import load_config
@@ -72,6 +75,9 @@ def build_report(options: ExplainOptions) -> JsonObject:
     claims = []
     if options.claim_file:
         claims = read_claims(read_documents(options.claim_file), options.claim_file)
+    kept = features(options.kubernetes_version)
+    release = (options.kubernetes_version or "").removeprefix("v")
+    claims = [as_stored(claim, kept, release) for claim in claims]
     slices = node_slices(options)
     published = [d for item in slices for d in item["spec"].get("devices") or ()]
     candidates = [Candidate.of(options.driver, d) for d in published]
@@ -100,18 +106,19 @@ def build_report(options: ExplainOptions) -> JsonObject:
 
 def node_devices(options: ExplainOptions) -> list[JsonObject]:
     """The devices `dra serve` would publish on the simulated node, health applied."""
-    return _published(options)[1]
+    return _published(options)[0]
 
 
 def node_slices(options: ExplainOptions) -> list[JsonObject]:
     """The ResourceSlices of the node's pool as `dra serve` would publish them: counter sets
     in slices of their own, then the devices."""
-    inventory, devices = _published(options)
-    sets = counter_sets(inventory, quantity) if options.mig_mode == "dynamic" else []
+    devices, sets = _published(options)
     return build_slices(_POOL, devices, 1, options.driver, sets)
 
 
-def _published(options: ExplainOptions) -> tuple[Inventory, list[JsonObject]]:
+def _published(options: ExplainOptions) -> tuple[list[JsonObject], list[JsonObject]]:
+    """The devices and counter sets, as published where the API server is of
+    `--kubernetes-version`."""
     load_config(options.config_file, {}, options.env)  # refused as `dra serve` would refuse it
     try:
         nvml = open_nvml(NodeSimulator(options.simulate))
@@ -128,8 +135,10 @@ def _published(options: ExplainOptions) -> tuple[Inventory, list[JsonObject]]:
         policy = policy_from_env(options.env)
         unhealthy.update(events_health(Path(options.events_file), policy, inventory))
     shares, dynamic = options.gpu_sharing == "memory", options.mig_mode == "dynamic"
-    devices = build_devices(inventory, unhealthy, options.driver, options.taint, shares, dynamic)
-    return inventory, devices
+    kept = features(options.kubernetes_version)
+    return slice_contents(
+        inventory, unhealthy, options.driver, options.taint, shares, dynamic, kept
+    )
 
 
 def events_health(path: Path, policy: HealthPolicy, inventory: Inventory) -> dict[str, str]:

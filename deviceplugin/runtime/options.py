@@ -189,6 +189,7 @@ class ExplainOptions(CommandOptions):
     taint: TaintEffect | None = DEFAULT_TAINT
     gpu_sharing: GpuSharing = "off"
     mig_mode: MigMode = "static"
+    kubernetes_version: str | None = None  # None: the newest, every gated field served
     output: str = "table"
     env: Mapping[str, str] = field(default_factory=dict)
 
