@@ -1,5 +1,5 @@
 """A node moved between the device plugin and DRA by its label, with pods running, no drain
-(docs/dra.md, "Migrating a node from the device plugin"), on the real kubelet, scheduler and API
+(docs/dra/migrating.md, "Migrating a node from the device plugin"), on the real kubelet, scheduler and API
 server (`make e2e-cluster`).
 
 Deployed by the kustomize route: each simulated-node overlay with the patch of
