@@ -319,9 +319,11 @@ def test_the_label_gives_true_to_the_driver_alone_and_keeps_it_beside_the_plugin
 
 
 def test_the_docs_name_only_manifests_that_exist() -> None:
-    """docs/dra.md's and docs/helm.md's steps point at files to apply and patch: each must be
-    there."""
-    text = "".join((ROOT / "docs" / name).read_text() for name in ("dra.md", "helm.md"))
+    """The README's, docs/helm.md's and the DRA pages' steps point at files to apply and patch:
+    each must be there."""
+    docs = ROOT / "docs"
+    pages = [ROOT / "README.md", docs / "helm.md", docs / "dra.md", *sorted(docs.glob("dra/*.md"))]
+    text = "".join(page.read_text() for page in pages)
     named = {path.rstrip(".") for path in re.findall(r"manifests/[\w./-]+", text)}
     assert "manifests/overlays/dra-label/deviceplugin/off-dra-nodes.yaml" in named
     assert [path for path in sorted(named) if not (ROOT / path).exists()] == []

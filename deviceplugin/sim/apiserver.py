@@ -60,7 +60,7 @@ JsonObject = dict[str, Any]
 SCHEMA_VERSION = "1.34"
 # What `/version` reports: the Kubernetes e2e/cluster runs.
 SERVER_VERSION: JsonObject = {"major": "1", "minor": "37", "gitVersion": "v1.37.2"}
-# The ResourceSlice gates each release has off by default (docs/dra.md, "Kubernetes versions").
+# The ResourceSlice gates each release has off by default (docs/dra/versions.md).
 PARTITIONABLE_DEVICES = "DRAPartitionableDevices"
 CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
 DEVICE_TAINTS = "DRADeviceTaints"

@@ -6,9 +6,10 @@ pinned to one whole 80 GiB GPU of the simulated node by its `uuid`. Checked thro
 our image (its nvidia-ml-py on the `libnvidia-ml.so.1` the claim's CDI spec mounts: the cap the
 createContainer hook set, seen from the container's own cgroup) and on the host (the simulated
 library's limits file, empty once the pods are gone). Two shares with NVIDIA's opaque MPS config
-share one control daemon on the GPU (docs/dra.md "MPS: one control daemon per device"), checked
-in the containers (the pipe, each claim's limits) and on the host (the daemon's process and pid
-file under the driver's plugin directory, the GPU's compute mode through the simulated NVML).
+share one control daemon on the GPU (docs/dra/sharing.md "MPS: one control daemon per
+device"), checked in the containers (the pipe, each claim's limits) and on the host (the
+daemon's process and pid file under the driver's plugin directory, the GPU's compute mode
+through the simulated NVML).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A node moved between the device plugin and DRA by its label, with pods running, no drain
-(docs/dra.md, "Migrating a node from the device plugin"), on the real kubelet, scheduler and API
-server (`make e2e-cluster`).
+(docs/dra/migrating.md, "Migrating a node from the device plugin"), on the real kubelet,
+scheduler and API server (`make e2e-cluster`).
 
 Deployed by the kustomize route: each simulated-node overlay with the patch of
 manifests/overlays/dra-label (the device plugin, ours or NVIDIA's, where `nvidia.com/dra` is not

@@ -219,7 +219,7 @@ def layout(slices: Iterable[Json]) -> Json:
 
 def _nvidias_attributes(ours: dict[str, Json], ref: dict[str, Json]) -> None:
     """Keep, of every device both publish, only the attributes NVIDIA's sets: ours may carry
-    more (docs/dra.md), but each of NVIDIA's must be there with the same value."""
+    more (docs/dra/dynamic-mig.md), but each of NVIDIA's must be there with the same value."""
     for name in set(ours) & set(ref):
         ours[name]["attributes"] = {
             key: ours[name]["attributes"].get(key) for key in ref[name]["attributes"]

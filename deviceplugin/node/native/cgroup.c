@@ -1,6 +1,6 @@
 /* Which cgroup a process is in, as a sysfs path (see cgroup.h). NVIDIA's driver takes cgroup v2
  * paths only; the simulation also takes the v1 `memory` hierarchy's, so that it runs on this
- * machine's kubelet (cgroupfs on a hybrid layout), and says so in docs/dra.md. The memory
+ * machine's kubelet (cgroupfs on a hybrid layout), and says so in docs/dra/sharing.md. The memory
  * controller is what a GPU memory limit belongs with, so on a hybrid machine its v1 path wins
  * over the (controller-less) v2 one. Inside a private cgroup namespace the file shows paths
  * relative to that namespace; the hook leaves its container's namespace first, and checks the
