@@ -59,11 +59,10 @@ from e2e.cluster.processes import (
     start,
     stop,
 )
+from e2e.cluster.served import GATES_FILE, VERSION_FILE
 from e2e.cluster.shell import ClusterError, log, run, wait_for
 
 SIMULATED_NODE = Path("/var/lib/deviceplugin-sim")
-# The Kubernetes minor the running cluster was started with: `up` of another one refuses.
-VERSION_FILE = RUN / "kubernetes-version"
 SIMULATED_PRESET = "a100-80gb-x8-mixed"
 # The dynamic-MIG node of manifests/overlays/simulated-node-dra-dynamic-mig: a root of its own.
 DYNAMIC_PRESET = "a100-80gb-x8-dynamic"
@@ -157,6 +156,7 @@ def up(version: str, gates: dict[str, bool]) -> None:
     make_pki()
     write_configs(bin_dir, gates)
     VERSION_FILE.write_text(version + "\n")
+    GATES_FILE.write_text(json.dumps(gates) + "\n")
     every = components(bin_dir, gates)
     start(every["etcd"])
     wait_for(

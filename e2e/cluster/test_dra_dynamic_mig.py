@@ -40,9 +40,11 @@ from e2e.cluster.kube import (
     unschedulable_reason,
     wait_until,
 )
+from e2e.cluster.served import served, version
 from e2e.cluster.simlibrary import mig_instances
 from e2e.cluster.test_dra import (
     DRIVER,
+    DRIVER_LABEL,
     allocated,
     attribute,
     checkpoint_data,
@@ -51,6 +53,8 @@ from e2e.cluster.test_dra import (
     delete_dra_workloads,
     driver_died_at_failpoint,
     driver_ready,
+    driver_says_gate_off,
+    driver_status,
     published,
     set_driver_env,
     start,
@@ -59,6 +63,7 @@ from e2e.runtime import CAPS_MAJOR, CONTROL_NODES, LIST_NODES, NVIDIA_MAJOR, dev
 
 DYNAMIC_ROOT = SIMULATED_NODE / "dynamic-root"
 OVERLAY = REPO / "manifests" / "overlays" / "simulated-node-dra-dynamic-mig"
+GATE = "DRAPartitionableDevices"  # the counters dynamic MIG publishes need it (on from 1.36)
 GPUS, PARTITIONS_PER_GPU = 8, 25  # a100-80gb-x8-dynamic: each A100 whole and 25 placements
 SAME_GPU = {"matchAttribute": f"{DRIVER}/parentUUID"}
 NO_ROOM = "cannot allocate all claims"  # the DRA plugin's Filter, in the pod's condition
@@ -204,16 +209,26 @@ def gone() -> None:
     wait_until("no MIG instance left in the library", lambda: held() == [], timeout=120)
 
 
+def needs_counters() -> None:
+    """The scenarios below need the partitions' counters; where the cluster's gates drop them,
+    test_without_counters_only_whole_gpus_are_published asserts what the driver does instead."""
+    if not served(GATE):
+        pytest.skip(f"{GATE} off on Kubernetes {version()}: the degraded scenario runs instead")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def dynamic_driver() -> Iterator[None]:
     EVENTS.write_text("")
     kubectl("apply", "-k", str(OVERLAY))
-    wait_until("the dynamic driver pod Ready", driver_ready, timeout=240)
-    wait_until(
-        "the dynamic node's slices",
-        lambda: len(published()) == GPUS * (1 + PARTITIONS_PER_GPU),
-        timeout=120,
-    )
+    if served(GATE):
+        wait_until("the dynamic driver pod Ready", driver_ready, timeout=240)
+        expected = GPUS * (1 + PARTITIONS_PER_GPU)
+    else:
+        wait_until(
+            f"the dynamic driver naming {GATE}", lambda: driver_says_gate_off(GATE), timeout=240
+        )
+        expected = GPUS
+    wait_until("the dynamic node's slices", lambda: len(published()) == expected, timeout=120)
     yield
     delete_dra_workloads()
     kubectl("delete", "-k", str(OVERLAY), "--wait=true", "--timeout=120s", check=False)
@@ -227,6 +242,7 @@ def nothing_left() -> Iterator[None]:
 
 
 def test_every_gpu_is_published_whole_and_as_its_placements_with_counters() -> None:
+    needs_counters()
     found = get("resourceslices", f"--field-selector=spec.driver={DRIVER}")["items"]
     sets = [s for f in found for s in f["spec"].get("sharedCounters", [])]
     assert sorted(s["name"] for s in sets) == [f"gpu-{m}-counter-set" for m in range(GPUS)]
@@ -238,6 +254,7 @@ def test_every_gpu_is_published_whole_and_as_its_placements_with_counters() -> N
 
 
 def test_seven_1g10gb_fit_on_one_gpu_and_an_eighth_there_does_not() -> None:
+    needs_counters()
     seven = template("seven-1g", [request("slices", "1g.10gb", 7)], [SAME_GPU])
     name = start(claim_pod("seven-1g", seven))
     parent = gpu_of(name)
@@ -253,6 +270,7 @@ def test_seven_1g10gb_fit_on_one_gpu_and_an_eighth_there_does_not() -> None:
 
 
 def test_3g40gb_and_four_1g10gb_fit_on_one_gpu_two_3g40gb_and_a_1g10gb_do_not() -> None:
+    needs_counters()
     mix = template(
         "three-and-four", [request("big", "3g.40gb"), request("small", "1g.10gb", 4)], [SAME_GPU]
     )
@@ -271,6 +289,7 @@ def test_3g40gb_and_four_1g10gb_fit_on_one_gpu_two_3g40gb_and_a_1g10gb_do_not() 
 
 
 def test_a_whole_gpu_and_a_partition_of_it_never_run_together() -> None:
+    needs_counters()
     gpu = str(next(g["uuid"] for g in _gpus() if g["minor"] == GPUS - 1))
     whole = template("whole-gpu", [whole_gpu(gpu)])
     part = template("part-of-gpu", [request("slice", "1g.10gb", where=on_gpu(gpu))])
@@ -297,6 +316,7 @@ def test_a_whole_gpu_and_a_partition_of_it_never_run_together() -> None:
 
 @pytest.mark.parametrize("point", [PREPARE_AFTER_GPU_INSTANCE, PREPARE_AFTER_COMPUTE_INSTANCE])
 def test_a_driver_killed_while_cutting_prepares_the_claim_once_with_no_orphan(point: str) -> None:
+    needs_counters()
     name = f"cut-{point}"
     one = template("one-3g", [request("slice", "3g.40gb")])
     set_driver_env(f"{FAILPOINT_ENV}={point}")
@@ -315,6 +335,7 @@ def test_a_driver_killed_while_cutting_prepares_the_claim_once_with_no_orphan(po
 
 
 def test_an_xid_takes_a_gpus_whole_device_and_every_partition_out() -> None:
+    needs_counters()
     """Last: the GPU stays unhealthy for the rest of the driver's life."""
     gpu = str(next(g["uuid"] for g in _gpus() if g["minor"] == 0))
     events = DYNAMIC_ROOT / EVENTS_FILE
@@ -335,3 +356,37 @@ def test_an_xid_takes_a_gpus_whole_device_and_every_partition_out() -> None:
     part = template("part-of-sick", [request("slice", "1g.10gb", where=on_gpu(gpu))])
     apply(claim_pod("part-of-sick", part))
     pending("part-of-sick")
+
+
+def test_without_counters_only_whole_gpus_are_published() -> None:
+    """Where the API server drops counters (1.34, 1.35 by default), `--mig-mode dynamic`
+    publishes no partition, so nothing the scheduler could hand out twice; it says why in its
+    /status, its readiness and one error line naming the gate, and a whole GPU still serves."""
+    if served(GATE):
+        pytest.skip(f"{GATE} on: the scenarios above run")
+    found = get("resourceslices", f"--field-selector=spec.driver={DRIVER}")["items"]
+    assert [s for f in found for s in f["spec"].get("sharedCounters", [])] == []
+    devices = published().values()
+    assert len(devices) == GPUS
+    assert {attribute(d, "type") for d in devices} == {"gpu"}
+    assert not any(d.get("consumesCounters") for d in devices)
+    status = driver_status()
+    assert status["server_features"]["known"] and not status["server_features"]["counters"]
+    assert [why for why in status["not_ready"] if GATE in why], status["not_ready"]
+    lines = kubectl("logs", "-n", "kube-system", "-l", DRIVER_LABEL, "--tail=-1").splitlines()
+    named = [line for line in lines if "dra.server.gate_off" in line and GATE in line]
+    assert named and all('"level":"error"' in line for line in named), named
+    # a partition claim waits; a whole GPU runs; nothing was cut
+    apply(claim_pod("partition-waits", template("one-1g", [request("slice", "1g.10gb")])))
+    reason = wait_until(
+        "partition-waits Pending with the scheduler's reason",
+        lambda: unschedulable_reason("partition-waits"),
+        timeout=90,
+    )
+    assert pod("partition-waits")["status"]["phase"] == "Pending", reason
+    whole = template(
+        "one-whole", [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]
+    )
+    name = start(claim_pod("whole-runs", whole))
+    assert [attribute(published()[r["device"]], "type") for r in allocated(name)] == ["gpu"]
+    assert held() == []

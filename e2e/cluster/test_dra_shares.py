@@ -35,6 +35,7 @@ from e2e.cluster.kube import (
     unschedulable_reason,
     wait_until,
 )
+from e2e.cluster.served import served, version
 from e2e.cluster.simlibrary import compute_mode
 from e2e.cluster.test_dra import (
     DRIVER,
@@ -43,10 +44,13 @@ from e2e.cluster.test_dra import (
     cdi_spec_of,
     claim_uid,
     driver_ready,
+    driver_says_gate_off,
+    driver_status,
     published,
     start,
 )
 
+GATE = "DRAConsumableCapacity"  # shares' capacity and allowMultipleAllocations (on from 1.36)
 OVERLAY = REPO / "manifests" / "overlays" / "simulated-node-dra-shares"
 IMAGE = os.environ.get("E2E_IMAGE", "localhost/deviceplugin:e2e")  # has nvidia-ml-py
 LABEL = "e2e=dra-shares"
@@ -167,10 +171,13 @@ def delete_pods(*names: str) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def shares_driver() -> Iterator[None]:
     kubectl("apply", "-k", str(OVERLAY))
-    wait_until("the driver pod Ready", driver_ready, timeout=240)
-    wait_until(
-        "the GPU published shareable", lambda: pinned_device().get("allowMultipleAllocations")
-    )
+    if served(GATE):
+        wait_until("the driver pod Ready", driver_ready, timeout=240)
+        wait_until(
+            "the GPU published shareable", lambda: pinned_device().get("allowMultipleAllocations")
+        )
+    else:
+        wait_until(f"the driver naming {GATE}", lambda: driver_says_gate_off(GATE), timeout=240)
     apply(template("share-20gi", "20Gi"))
     apply(template("share-whole-gpu", None))
     apply(
@@ -198,11 +205,19 @@ def no_pods_left() -> Iterator[None]:
     delete_pods()
 
 
+def needs_capacity() -> None:
+    """The scenarios below need consumable capacity; where the cluster's gates drop it,
+    test_without_consumable_capacity_no_share_is_published asserts what the driver does."""
+    if not served(GATE):
+        pytest.skip(f"{GATE} off on Kubernetes {version()}: the degraded scenario runs instead")
+
+
 def pinned_device() -> Obj:
     return next(d for d in published().values() if attribute(d, "uuid") == GPU.uuid)
 
 
 def test_four_20gi_shares_fill_the_gpu_each_capped_and_a_fifth_waits_for_one() -> None:
+    needs_capacity()
     assert GPU.memory_mib == 80 * 1024
     names = [start(share_pod(f"share-{n}", "share-20gi")) for n in range(4)]
     results = [result_of(name) for name in names]
@@ -225,6 +240,7 @@ def test_four_20gi_shares_fill_the_gpu_each_capped_and_a_fifth_waits_for_one() -
 
 
 def test_a_claim_asking_no_capacity_gets_the_gpu_alone() -> None:
+    needs_capacity()
     whole = start(share_pod("whole", "share-whole-gpu"))
     assert result_of(whole)["consumedCapacity"]["memory"] == "80Gi"
     assert memory_seen(whole) == 80 * GIB
@@ -282,6 +298,7 @@ def namespace_pid(host_pid: int) -> int:
 
 
 def test_two_mps_claims_on_one_gpu_share_one_daemon_each_with_its_limits() -> None:
+    needs_capacity()
     half = start(share_pod("mps-half", "mps-half"))
     quarter = start(share_pod("mps-quarter", "mps-quarter"))
     device = pinned_device()["name"]
@@ -315,3 +332,29 @@ def test_two_mps_claims_on_one_gpu_share_one_daemon_each_with_its_limits() -> No
     wait_until("the daemon gone after the last Unprepare", lambda: not daemons_on(pipe))
     assert not (MPS_HOMES / device).exists()
     assert compute_mode(DRIVER_ROOT, GPU.uuid) == DEFAULT
+
+
+def test_without_consumable_capacity_no_share_is_published() -> None:
+    """Where the API server drops consumable capacity (1.34, 1.35 by default), `--gpu-sharing
+    memory` publishes whole GPUs without shares: a share claim waits rather than being handed a
+    GPU another claim has, the driver names the gate, and a whole GPU still serves."""
+    if served(GATE):
+        pytest.skip(f"{GATE} on: the scenarios above run")
+    wait_until(
+        "the GPU published",
+        lambda: GPU.uuid in {attribute(d, "uuid") for d in published().values()},
+    )
+    device = pinned_device()
+    assert "allowMultipleAllocations" not in device and "capacity" not in device, device
+    assert not attribute(device, "memoryShares")
+    status = driver_status()
+    assert (
+        status["server_features"]["known"] and not status["server_features"]["consumable_capacity"]
+    )
+    assert [why for why in status["not_ready"] if GATE in why], status["not_ready"]
+    apply(share_pod("share-waits", "share-20gi"))
+    pending_reason("share-waits")
+    apply(template("whole-plain", None, device_class="gpu.nvidia.com"))
+    name = start(share_pod("whole-plain", "whole-plain"))
+    assert result_of(name)["device"] == device["name"]
+    assert "shareID" not in result_of(name)
