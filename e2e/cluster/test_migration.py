@@ -44,6 +44,7 @@ from e2e.cluster.kube import (
     wait_until,
     workload_pod,
 )
+from e2e.cluster.served import served
 from e2e.cluster.test_device_plugin import gpu_minor, seen
 from e2e.cluster.test_dra import DRIVER_LABEL, published
 
@@ -108,8 +109,49 @@ def visible_gpu(name: str) -> int:
     return MINOR_OF[uuid]
 
 
-def start(name: str, limits: dict[str, str]) -> None:
-    apply(workload_pod(name, limits))
+# Where a scenario's pod goes to a node on DRA: with DRAExtendedResource (on from 1.36) the
+# unchanged `limits` pod is served by a claim the scheduler makes; without it that pod cannot run
+# there, so the scenario checks it waits and asks the same device by a claim of the class the
+# extended resource maps to (one template per resource, made by the `classes` fixture).
+CLAIM_TEMPLATES = {GPU: ("whole-gpu", "gpu.nvidia.com"), MIG: ("mig-1g", "mig-1g.10gb.nvidia.com")}
+
+
+def start(name: str, limits: dict[str, str], on_dra: bool = False) -> None:
+    """A pod asking `limits`: as written, or on a DRA node of a cluster without
+    DRAExtendedResource, once the unchanged pod was seen waiting, by a claim instead."""
+    if not on_dra or served("DRAExtendedResource"):
+        apply(workload_pod(name, limits))
+        return
+    unchanged = workload_pod(f"{name}-unchanged", limits)
+    apply(unchanged)
+    reason = wait_until(
+        f"{name}-unchanged unschedulable", lambda: unschedulable_reason(f"{name}-unchanged")
+    )
+    assert "Insufficient" in reason, reason
+    kubectl("delete", "pod", "-n", "default", f"{name}-unchanged", "--wait=true")
+    ((resource, _),) = limits.items()
+    manifest = workload_pod(name, {})
+    spec = manifest["spec"]
+    spec["resourceClaims"] = [
+        {"name": "gpu", "resourceClaimTemplateName": CLAIM_TEMPLATES[resource][0]}
+    ]
+    spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    apply(manifest)
+
+
+def claim_template(name: str, device_class: str) -> Obj:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
+                }
+            }
+        },
+    }
 
 
 def settle(names: list[str]) -> tuple[list[str], list[str]]:
@@ -167,6 +209,8 @@ def dra_serving(devices: int) -> bool:
 @pytest.fixture(scope="module", autouse=True)
 def classes() -> Iterator[None]:
     kubectl("apply", "-f", str(EXTENDED_CLASSES))
+    for name, device_class in CLAIM_TEMPLATES.values():
+        apply(claim_template(name, device_class))
     yield
     delete_workloads()
     for manifests in (ours(plugin=True), ours(plugin=False), reference()):
@@ -211,12 +255,12 @@ def test_ours_to_dra_with_a_pod_running_hands_its_gpu_on_only_after_it_ends() ->
 
     names = [f"unchanged-{n}" for n in range(len(WHOLE))]
     for name in names:
-        start(name, {GPU: "1"})
+        start(name, {GPU: "1"}, on_dra=True)
     running, waiting = settle(names)
     assert len(running) == len(WHOLE) - 1 and len(waiting) == 1, (running, waiting)
     given = [gpu_of(name) for name in running]
     assert held not in given and len(set(given)) == len(given), (held, given)
-    start("mig", {MIG: "1"})
+    start("mig", {MIG: "1"}, on_dra=True)
     wait_until("an unchanged MIG pod Running through DRA", lambda: pod_running("mig"))
 
     ended = end("holder")
@@ -228,7 +272,7 @@ def test_ours_to_dra_with_a_pod_running_hands_its_gpu_on_only_after_it_ends() ->
 
 def test_dra_to_ours_with_a_claim_prepared_keeps_its_gpu_from_the_plugin() -> None:
     assert dra_serving(ALL_DEVICES) or wait_until("every device published", lambda: dra_serving(32))
-    start("claimer", {GPU: "1"})  # through DRA: a claim the scheduler made
+    start("claimer", {GPU: "1"}, on_dra=True)  # through DRA: a claim the scheduler made
     wait_until("claimer Running", lambda: pod_running("claimer"))
     held = gpu_of("claimer")
 
@@ -240,12 +284,14 @@ def test_dra_to_ours_with_a_claim_prepared_keeps_its_gpu_from_the_plugin() -> No
     wait_until(f"{GPU} allocatable 6", lambda: extended(GPU) == 6, timeout=240)
     replace_daemon_pod(PLUGIN_LABEL)  # a plugin restart in the middle keeps it out
     wait_until(f"{GPU} allocatable 6 after a plugin restart", lambda: extended(GPU) == 6)
-    # The scheduler still counts the claimer's own `nvidia.com/gpu: 1` against the node: 5 fit.
+    # The scheduler still counts the claimer's own `nvidia.com/gpu: 1` against the node: 5 fit
+    # (6 where the claimer asked by a claim: nothing of the extended resource is counted).
+    fit = 5 if served("DRAExtendedResource") else 6
     names = [f"back-{n}" for n in range(7)]
     for name in names:
         start(name, {GPU: "1"})
     running, waiting = settle(names)
-    assert len(running) == 5 and len(waiting) == 2, (running, waiting)
+    assert len(running) == fit and len(waiting) == 7 - fit, (running, waiting)
     assert held not in [gpu_of(name) for name in running]
 
     ended = end("claimer")
@@ -275,7 +321,7 @@ def test_nvidias_plugin_to_our_dra_driver_with_a_pod_running() -> None:
     assert on_gpu(dra_devices(), held) == []
     names = [f"after-nvidia-{n}" for n in range(len(WHOLE))]
     for name in names:
-        start(name, {GPU: "1"})
+        start(name, {GPU: "1"}, on_dra=True)
     running, _ = settle(names)
     assert held not in [gpu_of(name) for name in running]
     assert pod_running("nvidia-holder") and visible_gpu("nvidia-holder") == held
