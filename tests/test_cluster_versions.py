@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.cluster import kubernetes_version, node
+from e2e.cluster import kubernetes_version, matrix, node, served
 from e2e.cluster.components import components
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,13 +37,14 @@ def test_each_module_pins_the_patch_the_docs_name() -> None:
     assert kubernetes_version.pinned() == docs_pins()
 
 
-# docs/cluster.md's columns after the patch, in order, and the module each names.
+# docs/cluster.md's columns after the patch, in order: the module each names, and the tools/
+# folder a version may build it in, as a module of its own (build-module.sh).
 COMPANIONS = (
-    "github.com/containerd/containerd/v2",
-    "github.com/opencontainers/runc",
-    "go.etcd.io/etcd/server/v3",
-    "sigs.k8s.io/cri-tools",
-    "github.com/containernetworking/plugins",
+    ("github.com/containerd/containerd/v2", ""),
+    ("github.com/opencontainers/runc", "runc"),
+    ("go.etcd.io/etcd/server/v3", ""),
+    ("sigs.k8s.io/cri-tools", "crictl"),
+    ("github.com/containernetworking/plugins", ""),
 )
 
 
@@ -57,8 +58,11 @@ def test_each_module_pins_the_companions_the_docs_name() -> None:
     }
     for module in kubernetes_version.module_dirs():
         minor = kubernetes_version.pinned_patch(module)[0]
-        text = (module / "go.mod").read_text()
-        selected = [re.findall(rf"^\s+{re.escape(path)} (v\S+)", text, re.M) for path in COMPANIONS]
+        selected = []
+        for path, tool in COMPANIONS:
+            own = module / "tools" / tool / "go.mod"
+            text = (own if tool and own.exists() else module / "go.mod").read_text()
+            selected.append(re.findall(rf"^\s+{re.escape(path)} (v\S+)", text, re.M))
         assert selected == [[version] for version in rows[minor]], minor
 
 
@@ -163,3 +167,35 @@ def test_feature_gates_reach_the_control_plane_only_when_set(tmp_path: Path) -> 
     wanted = ["--feature-gates=DRAConsumableCapacity=true,DRADeviceTaints=false"]
     assert {name: flags[name] for name in control_plane} == dict.fromkeys(control_plane, wanted)
     assert flags["kubelet"] == [], "the kubelet takes its gates from its configuration file"
+
+
+def test_served_follows_the_versions_default_gates_unless_feature_gates_set_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(served, "VERSION_FILE", tmp_path / "kubernetes-version")
+    monkeypatch.setattr(served, "GATES_FILE", tmp_path / "feature-gates.json")
+    served.VERSION_FILE.write_text("1.35\n")
+    assert not served.served("DRADeviceTaints") and not served.served("DRAPartitionableDevices")
+    served.GATES_FILE.write_text('{"DRADeviceTaints": true}\n')
+    assert served.served("DRADeviceTaints") and not served.served("DRAConsumableCapacity")
+    served.VERSION_FILE.write_text("1.36\n")
+    assert served.served("DRAConsumableCapacity") and served.served("DRAExtendedResource")
+
+
+def test_the_matrix_table_has_a_row_per_observed_feature_and_a_column_per_version() -> None:
+    results: dict[str, matrix.Outcome] = {
+        "1.35": {"kubernetes": "v1.35.4", "exit": 0, "seconds": 900, "observed": {"A": "off"}},
+        "1.37": {
+            "kubernetes": "v1.37.2",
+            "exit": 1,
+            "seconds": 800,
+            "observed": {"A": "on", "B": "x"},
+        },
+    }
+    assert matrix.table(results).splitlines() == [
+        "| feature | 1.35 (v1.35.4) | 1.37 (v1.37.2) |",
+        "| --- | --- | --- |",
+        "| A | off | on |",
+        "| B | not seen | x |",
+        "| `make e2e-cluster` | exit 0, 900 s | exit 1, 800 s |",
+    ]

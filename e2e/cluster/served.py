@@ -35,3 +35,14 @@ def served(gate: str) -> bool:
     if gate in gates:
         return bool(gates[gate])
     return int(version().split(".")[1]) >= ON_BY_DEFAULT_FROM[gate]
+
+
+OBSERVED = RUN / "observed.json"
+
+
+def observed(feature: str, what: str) -> None:
+    """Record what a scenario saw of `feature` on the running version (run/observed.json): the
+    cells of docs/dra/versions.md's measured table, which `make e2e-cluster-matrix` collects."""
+    seen = json.loads(OBSERVED.read_text()) if OBSERVED.exists() else {}
+    seen.setdefault(version(), {})[feature] = what
+    OBSERVED.write_text(json.dumps(seen, indent=2, sort_keys=True) + "\n")

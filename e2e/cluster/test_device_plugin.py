@@ -36,6 +36,7 @@ from e2e.cluster.kube import (
     wait_until,
     workload_pod,
 )
+from e2e.cluster.served import observed
 from e2e.runtime import LIST_NODES, device_nodes, expected_nodes
 
 GPU, MIG = "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"
@@ -143,6 +144,7 @@ def test_replicas_of_one_gpu_are_shared_by_two_pods() -> None:
         per_gpu.setdefault(gpu_minor(seen(name)), []).append(name)
     # 8 replicas of 4 whole GPUs, all taken: each GPU serves exactly two pods.
     assert sorted(len(pods) for pods in per_gpu.values()) == [2, 2, 2, 2], per_gpu
+    observed("device plugin", "8 nvidia.com/gpu replicas and 28 MIG devices, pods served by CDI")
 
 
 def test_configmap_edit_reaches_the_plugin_without_a_restart() -> None:

@@ -51,7 +51,7 @@ from e2e.cluster.kube import (
     wait_until,
     workload_pod,
 )
-from e2e.cluster.served import served
+from e2e.cluster.served import observed, served
 from e2e.runtime import LIST_NODES, device_nodes, expected_nodes
 
 NODE = read_node(resolve_node_path("a100-80gb-x8-mixed"))
@@ -546,12 +546,20 @@ def test_xid_79_unpublishes_a_gpus_devices_for_new_claims_only() -> None:
     status = pod(running)["status"]
     assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0
     assert seen(running) == devices
+    if tainted:
+        observed("DRADeviceTaints", "kept: an unhealthy device is published tainted")
+    else:
+        observed(
+            "DRADeviceTaints", "dropped: an unhealthy device leaves the slice (probe found it)"
+        )
     used = driver_status()["kubelet_api"]
     assert "v1.DRAPlugin" in used, used
+    observed("kubelet DRA API", ", ".join(sorted(used)))
     if not served("ResourceHealthStatus"):
         # the kubelet opens no health stream, so the pod status has no device health
         assert not any(name.endswith("DRAResourceHealth") for name in used), used
         assert "allocatedResourcesStatus" not in pod(running)["status"]["containerStatuses"][0]
+        observed("ResourceHealthStatus", "off: no health stream, no device health in pod status")
         return
     # The kubelet heard it from the driver's health stream (KEP-4680) and says so in the pod,
     # naming the device by the CDI ID Prepare returned for it.
@@ -572,3 +580,4 @@ def test_xid_79_unpublishes_a_gpus_devices_for_new_claims_only() -> None:
         timeout=120,
     )
     assert health == "Unhealthy"
+    observed("ResourceHealthStatus", "on: the pod status names the device Unhealthy")

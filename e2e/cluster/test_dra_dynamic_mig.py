@@ -40,7 +40,7 @@ from e2e.cluster.kube import (
     unschedulable_reason,
     wait_until,
 )
-from e2e.cluster.served import served, version
+from e2e.cluster.served import observed, served, version
 from e2e.cluster.simlibrary import mig_instances
 from e2e.cluster.test_dra import (
     DRIVER,
@@ -251,6 +251,7 @@ def test_every_gpu_is_published_whole_and_as_its_placements_with_counters() -> N
     assert len(partitions) == GPUS * PARTITIONS_PER_GPU
     assert all("uuid" not in d["attributes"] for d in partitions)  # nothing cut yet
     assert all(d["consumesCounters"] for d in devices)
+    observed(GATE, f"kept: {len(partitions)} partitions with {len(sets)} counter sets")
 
 
 def test_seven_1g10gb_fit_on_one_gpu_and_an_eighth_there_does_not() -> None:
@@ -390,3 +391,4 @@ def test_without_counters_only_whole_gpus_are_published() -> None:
     name = start(claim_pod("whole-runs", whole))
     assert [attribute(published()[r["device"]], "type") for r in allocated(name)] == ["gpu"]
     assert held() == []
+    observed(GATE, "dropped: whole GPUs only, no partition; the driver names the gate")

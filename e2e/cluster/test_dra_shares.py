@@ -35,7 +35,7 @@ from e2e.cluster.kube import (
     unschedulable_reason,
     wait_until,
 )
-from e2e.cluster.served import served, version
+from e2e.cluster.served import observed, served, version
 from e2e.cluster.simlibrary import compute_mode
 from e2e.cluster.test_dra import (
     DRIVER,
@@ -224,6 +224,7 @@ def test_four_20gi_shares_fill_the_gpu_each_capped_and_a_fifth_waits_for_one() -
     assert {r["device"] for r in results} == {pinned_device()["name"]}
     assert len({r["shareID"] for r in results}) == 4, results
     assert all(r["consumedCapacity"]["memory"] == "20Gi" for r in results), results
+    observed(GATE, "kept: four 20Gi shares of one GPU, each capped")
     for name in names:  # the cap of its own cgroup, through the library the CDI spec mounts
         assert memory_seen(name) == 20 * GIB, name
     assert len({entry["nameSpace"] for entry in limits_left()}) == 4
@@ -358,3 +359,4 @@ def test_without_consumable_capacity_no_share_is_published() -> None:
     name = start(share_pod("whole-plain", "whole-plain"))
     assert result_of(name)["device"] == device["name"]
     assert "shareID" not in result_of(name)
+    observed(GATE, "dropped: whole GPUs without shares; the driver names the gate")

@@ -44,7 +44,7 @@ from e2e.cluster.kube import (
     wait_until,
     workload_pod,
 )
-from e2e.cluster.served import served
+from e2e.cluster.served import observed, served
 from e2e.cluster.test_device_plugin import gpu_minor, seen
 from e2e.cluster.test_dra import DRIVER_LABEL, published
 
@@ -268,6 +268,10 @@ def test_ours_to_dra_with_a_pod_running_hands_its_gpu_on_only_after_it_ends() ->
     wait_until(f"{last} Running on the freed GPU", lambda: pod_running(last), timeout=120)
     record("ours_to_dra_freed_gpu_to_next_pod_seconds", time.monotonic() - ended)
     assert gpu_of(last) == held
+    if served("DRAExtendedResource"):
+        observed("DRAExtendedResource", "on: unchanged limits pods served through DRA")
+    else:
+        observed("DRAExtendedResource", "off: unchanged limits pods wait on a DRA node; claims run")
 
 
 def test_dra_to_ours_with_a_claim_prepared_keeps_its_gpu_from_the_plugin() -> None:
@@ -300,6 +304,7 @@ def test_dra_to_ours_with_a_claim_prepared_keeps_its_gpu_from_the_plugin() -> No
     record("dra_to_ours_freed_gpu_to_next_pod_seconds", time.monotonic() - ended)
     given = [gpu_of(name) for name in names]
     assert all(given.count(minor) <= 2 for minor in given), given  # 2 replicas a GPU
+    observed("PodResources for DRA", "the device plugin withholds a DRA claim's GPU")
 
 
 def test_nvidias_plugin_to_our_dra_driver_with_a_pod_running() -> None:
