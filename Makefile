@@ -170,7 +170,8 @@ e2e-cluster: cluster
 		status=$$?; e2e/cluster/cluster down; exit $$status
 
 # `make e2e-cluster` on each pinned version in turn (e2e/cluster/matrix.py); each one's exit
-# status and time land in e2e/cluster/run/matrix.json. The scenarios assume 1.37 (docs/cluster.md).
+# status, time and what its scenarios saw of each gated feature land in e2e/cluster/run/matrix.json
+# (`$(PY) -m e2e.cluster.matrix --table` prints the table of docs/dra/versions.md).
 e2e-cluster-matrix: $(STAMP)
 	$(PY) -m e2e.cluster.matrix
 
