@@ -244,7 +244,7 @@ def test_both_with_the_node_moved_to_dra_and_back(reader: Path) -> None:
     if served("DRAExtendedResource"):
         # an unchanged limits pod, served by the driver through the extended-resource class
         smoke(reader, "smoke-plugin")
-    else:  # before 1.36 the class's extendedResourceName is dropped: the pod waits, as the README says
+    else:  # before 1.36 the API server drops the class's extendedResourceName: the pod waits
         assert "extendedResourceName" not in get("deviceclass", "gpu-extended.nvidia.com")["spec"]
 
     run_block(reader, "back-to-plugin")
