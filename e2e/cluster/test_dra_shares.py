@@ -346,8 +346,9 @@ def test_without_consumable_capacity_no_share_is_published() -> None:
         lambda: GPU.uuid in {attribute(d, "uuid") for d in published().values()},
     )
     device = pinned_device()
-    assert "allowMultipleAllocations" not in device and "capacity" not in device, device
-    assert not attribute(device, "memoryShares")
+    assert "allowMultipleAllocations" not in device, device
+    assert "requestPolicy" not in device.get("capacity", {}).get("memory", {}), device
+    assert not device["attributes"].get("nvidia.com/memoryShares", {}).get("bool"), device
     status = driver_status()
     assert (
         status["server_features"]["known"] and not status["server_features"]["consumable_capacity"]
