@@ -375,3 +375,25 @@ def test_a_second_instance_serves_beside_the_first_as_a_rolling_update_runs_them
             await kubelet.stop()
 
     run(body())
+
+
+def test_a_dropped_listandwatch_is_registered_again_and_the_devices_healthy_again() -> None:
+    """Kubelets before 1.37 disconnect the endpoint a plugin just registered when a rolling
+    update's old instance ends, and every device of the resource turns unhealthy to them; the
+    plugin, no longer watched while registered, registers again and is watched again."""
+
+    async def body() -> None:
+        async with running_plugin() as plugin:
+            kubelet = plugin.kubelet
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 8)
+            before = registrations(kubelet, GPU)
+            await kubelet.drop(GPU)
+            assert kubelet.allocatable(GPU) == 0
+            await plugin.until(lambda: registrations(kubelet, GPU) == before + 1, timeout=5)
+            await plugin.until(lambda: kubelet.allocatable(GPU) == 8, timeout=5)
+            assert kubelet.endpoints[GPU].connected
+            assert registrations(kubelet, MIG) == 1  # the other resource was left alone
+            await asyncio.sleep(2.5)  # a few checks later: registered once, not again
+            assert registrations(kubelet, GPU) == before + 1
+
+    run(body())

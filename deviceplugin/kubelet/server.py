@@ -7,6 +7,13 @@ per change, not per stream. Allocate and GetPreferredAllocation delegate to an `
 gRPC status codes: AllocationError -> INVALID_ARGUMENT with the message, anything unexpected ->
 INTERNAL and a log line; the server keeps serving either way. `owns_socket` says whether the
 socket path is still the socket it bound (the registrar serves again when it is not).
+
+A registered plugin always has one ListAndWatch stream open from the kubelet. `unwatched_for`
+says how long none has been (after one was): kubelets before 1.37 keep one endpoint per resource
+and, when a rolling update's old instance ends, disconnect the newer one registered beside it,
+leaving every device of the resource unhealthy to the kubelet until the plugin registers again.
+`on_unwatched` is told the moment the last stream ends. (Where an instance beside it still
+serves, the kubelet follows that one: registering again would only take it back.)
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import grpc
 from deviceplugin.model.errors import AllocationError, ConfigError
 from deviceplugin.model.log import log_event, log_exception
 from deviceplugin.model.resources import ResourceSet
-from deviceplugin.node.unixgrpc import SocketPathError, UnixServer
+from deviceplugin.node.unixgrpc import SocketPathError, UnixServer, others_listening
 from deviceplugin.wire.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -82,6 +89,7 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         kubelet_dir: Path,
         allocator: Allocator,
         observer: Observer | None = None,
+        on_unwatched: Callable[[str], None] | None = None,
     ) -> None:
         self._resource = resource
         self._message = list_response(resource)
@@ -91,6 +99,9 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self._generation = 0
         self._changed = asyncio.Condition()
         self._closing = False
+        self._on_unwatched = on_unwatched
+        self._watching = 0  # ListAndWatch streams open
+        self._unwatched_since: float | None = None  # None: a stream is open, or none ever was
 
     @property
     def name(self) -> str:
@@ -112,6 +123,22 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
     def owns_socket(self) -> bool:
         """The socket path is still the socket this server bound (not deleted, not replaced)."""
         return self._unix.owns_socket
+
+    def unwatched_for(self) -> float:
+        """Seconds since the kubelet's last ListAndWatch stream ended, while none is open; 0
+        while one is, or before the first."""
+        if self._watching or self._unwatched_since is None:
+            return 0.0
+        return time.monotonic() - self._unwatched_since
+
+    def alone(self) -> bool:
+        """No other instance of this server (a rolling update's other pod) is serving."""
+        return not others_listening(self._unix.preferred, self.socket_path)
+
+    def registered_again(self) -> None:
+        """The kubelet's new stream is awaited from now: `unwatched_for` counts from here."""
+        if self._unwatched_since is not None:
+            self._unwatched_since = time.monotonic()
 
     async def start(self) -> None:
         """Replace whatever is at the socket path, listen, and serve; returns once the socket
@@ -155,13 +182,22 @@ class PluginServer(api_pb2_grpc.DevicePluginServicer):
         self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         sent = -1
-        while not self._closing:
-            if sent != self._generation:
-                sent = self._generation
-                yield self._message
-                continue
-            async with self._changed:
-                await self._changed.wait_for(self._news_since(sent))
+        self._watching += 1
+        self._unwatched_since = None
+        try:
+            while not self._closing:
+                if sent != self._generation:
+                    sent = self._generation
+                    yield self._message
+                    continue
+                async with self._changed:
+                    await self._changed.wait_for(self._news_since(sent))
+        finally:
+            self._watching -= 1
+            if not self._watching:
+                self._unwatched_since = time.monotonic()
+                if not self._closing and self._on_unwatched is not None:
+                    self._on_unwatched(self.name)
 
     def _news_since(self, sent: int) -> Callable[[], bool]:
         """The wake-up condition of a stream that has sent generation `sent`."""

@@ -67,15 +67,27 @@ def free_path(preferred: Path) -> Path:
     `<stem>-2<suffix>`, ... beside it that no server holds. A rolling update runs the old and
     the new instance side by side; the kubelet keeps both connected as long as each has its own
     socket, so neither has to stop serving before the other registers."""
-    for number in range(MAX_INSTANCES):
-        path = (
-            preferred
-            if number == 0
-            else preferred.with_name(f"{preferred.stem}-{number}{preferred.suffix}")
-        )
+    for path in _instance_paths(preferred):
         if socket_identity(path) is None or not listening(path):
             return path
     raise SocketPathError(f"{MAX_INSTANCES} servers already listen at {preferred} and beside it")
+
+
+def others_listening(preferred: Path, own: Path) -> bool:
+    """Another instance serves at `preferred` or beside it (not at `own`): a rolling update's
+    other pod is still up."""
+    return any(
+        path != own and socket_identity(path) is not None and listening(path)
+        for path in _instance_paths(preferred)
+    )
+
+
+def _instance_paths(preferred: Path) -> list[Path]:
+    """`preferred`, then `<stem>-1<suffix>` ... : where the instances of one server bind."""
+    return [
+        preferred if n == 0 else preferred.with_name(f"{preferred.stem}-{n}{preferred.suffix}")
+        for n in range(MAX_INSTANCES)
+    ]
 
 
 async def listen_unix(

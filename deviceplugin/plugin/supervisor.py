@@ -57,6 +57,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# How long a registered server may go without the kubelet's ListAndWatch stream before it
+# registers again (a re-registration or a kubelet restart opens a new one well within it).
+UNWATCHED_SECONDS = 1.0
+
 MPS_CHECK_SECONDS = 5.0  # how often each MPS control daemon is asked whether it still serves
 
 
@@ -210,15 +214,41 @@ class Supervisor:
         await self.engine.change(lambda: self._registrar.reregister(self._servers, trigger), None)
 
     async def check_kubelet(self, trigger: str) -> None:
-        """Re-register when kubelet.sock is a new file or one of our sockets has gone."""
+        """Re-register when kubelet.sock is a new file or one of our sockets has gone, and a
+        registered server the kubelet stopped watching (`PluginServer.unwatched_for`)."""
 
         async def check() -> None:
             reason = self._registrar.restart_needed(self._servers)
             if reason is not None:
                 await self._registrar.reregister(self._servers, f"{trigger}: {reason}")
                 self._note_socket_names()  # a server may have bound a name beside another
+                return
+            registered = self._registrar.registered
+            for name, server in self._servers.items():
+                unwatched = server.unwatched_for()
+                if name in registered and unwatched >= UNWATCHED_SECONDS and server.alone():
+                    log_event(
+                        logger,
+                        "plugin.unwatched",
+                        logging.WARNING,
+                        resource=name,
+                        seconds=round(unwatched, 1),
+                        hint="the kubelet dropped its ListAndWatch stream: registering again",
+                    )
+                    server.registered_again()
+                    self._registrar.register(server, again=True)
 
         await self.engine.change(check, None)
+
+    def _unwatched(self, name: str) -> None:
+        """A server's last ListAndWatch stream ended: check once a new one had time to open
+        (a re-registration of ours opens one at once; a kubelet restart is seen as one)."""
+
+        async def later() -> None:
+            await asyncio.sleep(UNWATCHED_SECONDS)
+            await self.check_kubelet(f"ListAndWatch of {name} ended")
+
+        spawn(later(), "unwatched check")
 
     async def check_dra_holds(self) -> None:
         """Follow what prepared DRA claims hold: one List of the kubelet's PodResources, off
@@ -358,6 +388,7 @@ class Supervisor:
                     self.settings.kubelet_dir,
                     self._allocator,
                     observer=self.metrics,
+                    on_unwatched=self._unwatched,
                 )
                 await server.start()
                 self._servers[name] = server

@@ -190,6 +190,16 @@ class KubeletEmulator(api_pb2_grpc.RegistrationServicer):
                 device.health = "Unhealthy"
             await self._notify()
 
+    async def drop(self, resource: str) -> None:
+        """What a kubelet before 1.37 does to the resource's endpoint when another instance's
+        ListAndWatch stream for it ends (a rolling update's old pod): disconnects it, and every
+        device of the resource turns unhealthy, until the plugin registers again."""
+        endpoint = self.endpoints[resource]
+        await self._disconnect(endpoint)
+        for device in endpoint.devices.values():
+            device.health = "Unhealthy"
+        await self._notify()
+
     async def _disconnect(self, endpoint: Endpoint) -> None:
         endpoint.connected = False
         if endpoint.stream is not None and not endpoint.stream.done():
