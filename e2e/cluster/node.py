@@ -179,10 +179,8 @@ def up(version: str, gates: dict[str, bool], topology: Topology) -> None:
         was.count != topology.count
         or (topology.count > 1 and was.second_preset != topology.second_preset)
     ):
-        raise ClusterError(
-            f"a cluster of {was.count} node(s) is running (node 2: {was.second_preset} if any):"
-            " `cluster down` it first"
-        )
+        shape = f"{was.count} node" + (f"s, node 2 {was.second_preset}" if was.count > 1 else "")
+        raise ClusterError(f"a cluster of {shape} is running: `cluster down` it first")
     nodes = topology.nodes
     ensure_host_packages()
     bin_dir = binaries(version)
@@ -323,6 +321,8 @@ def clean_host() -> None:
         *(node.own_tree for node in NODES if node.own_tree),
     ):
         shutil.rmtree(path, ignore_errors=True)
+    for node in NODES:  # a holder killed above left its file
+        node.namespace_ready.unlink(missing_ok=True)
 
 
 def unmount_under(roots: Sequence[Path]) -> None:
