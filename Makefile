@@ -138,8 +138,13 @@ compat: $(STAMP)
 # images imported, `make cluster-down` removes it; `make e2e-cluster` runs the scenarios in
 # between. KUBERNETES_VERSION picks a pinned minor (1.34, 1.35, 1.36; empty: 1.37, the default,
 # docs/cluster.md); FEATURE_GATES=A=true,B=false is optional (empty: the version's defaults).
+# NODES=2 adds a second node in a mount namespace of its own, simulating NODE2_PRESET (empty:
+# a10-x8); `make e2e-cluster NODES=2` then runs e2e/cluster/test_two_nodes.py (docs/cluster.md,
+# "Two nodes").
 KUBERNETES_VERSION ?=
 FEATURE_GATES ?=
+NODES ?=
+NODE2_PRESET ?=
 E2E_DRA_IMAGE ?= localhost/deviceplugin:e2e-dra
 E2E_BUSYBOX_IMAGE ?= localhost/deviceplugin-e2e-busybox:latest
 # NVIDIA's reference plugin, unmodified, beside ours on the real node (e2e/reference/image.sh).
@@ -154,7 +159,8 @@ cluster-images: $(STAMP)
 	e2e/cluster/save-images.sh $(E2E_IMAGE) $(E2E_DRA_IMAGE) $(E2E_BUSYBOX_IMAGE) $(E2E_REFERENCE_IMAGE)
 
 cluster: $(STAMP)
-	KUBERNETES_VERSION=$(KUBERNETES_VERSION) FEATURE_GATES=$(FEATURE_GATES) e2e/cluster/cluster up
+	KUBERNETES_VERSION=$(KUBERNETES_VERSION) FEATURE_GATES=$(FEATURE_GATES) NODES=$(NODES) \
+		NODE2_PRESET=$(NODE2_PRESET) e2e/cluster/cluster up
 
 cluster-down:
 	e2e/cluster/cluster down

@@ -144,7 +144,7 @@ def test_cluster_up_refuses_bad_input_before_doing_anything(
 
 def test_cluster_up_takes_a_pinned_version_and_its_gates(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[str, dict[str, bool]]] = []
-    monkeypatch.setattr(node, "up", lambda version, gates: asked.append((version, gates)))
+    monkeypatch.setattr(node, "up", lambda version, gates, _nodes: asked.append((version, gates)))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setenv("KUBERNETES_VERSION", "v1.35")
     monkeypatch.setenv("FEATURE_GATES", "DRAPartitionableDevices=true,DRADeviceTaints=false")

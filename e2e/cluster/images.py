@@ -12,7 +12,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from e2e.cluster.layout import CONTAINERD_SOCKET, IMAGE_ARCHIVES, PAUSE_IMAGE, REPO, RUN, STATE
+from e2e.cluster.layout import FIRST, IMAGE_ARCHIVES, PAUSE_IMAGE, REPO, RUN, Node
 from e2e.cluster.shell import ClusterError, log, run
 
 
@@ -26,20 +26,21 @@ def ensure_images() -> None:
         raise ClusterError("make cluster-images failed (its output is above)")
 
 
-def ctr(bin_dir: Path, *args: str | Path) -> str:
-    return run([bin_dir / "ctr", "--address", CONTAINERD_SOCKET, "-n", "k8s.io", *args])
+def ctr(bin_dir: Path, *args: str | Path, node: Node = FIRST) -> str:
+    return run([bin_dir / "ctr", "--address", node.containerd_socket, "-n", "k8s.io", *args])
 
 
-def import_images(bin_dir: Path) -> None:
+def import_images(bin_dir: Path, node: Node = FIRST) -> None:
     """The pause image (made here from the built pause binary) and every archive in
-    IMAGE_ARCHIVES, into the namespace the CRI uses; no registry is ever asked."""
-    present = ctr(bin_dir, "images", "ls", "-q").split()
+    IMAGE_ARCHIVES, into the namespace the CRI uses of the node's containerd (each node has its
+    own store); no registry is ever asked."""
+    present = ctr(bin_dir, "images", "ls", "-q", node=node).split()
     if PAUSE_IMAGE not in present:
         archive = RUN / "pause.tar"
         write_single_binary_image(bin_dir / "pause", PAUSE_IMAGE, archive)
-        ctr(bin_dir, "images", "import", archive)
-        log(f"images: imported {PAUSE_IMAGE}")
-    stamps = STATE / "imported"
+        ctr(bin_dir, "images", "import", archive, node=node)
+        log(f"images: imported {PAUSE_IMAGE} into {node.containerd}")
+    stamps = node.image_stamps
     stamps.mkdir(parents=True, exist_ok=True)
     if IMAGE_ARCHIVES.is_dir():
         for archive in sorted(IMAGE_ARCHIVES.glob("*.tar")):
@@ -47,9 +48,9 @@ def import_images(bin_dir: Path) -> None:
             stamp = stamps / archive.name
             if stamp.exists() and stamp.read_text() == seen:
                 continue
-            ctr(bin_dir, "images", "import", archive)
+            ctr(bin_dir, "images", "import", archive, node=node)
             stamp.write_text(seen)
-            log(f"images: imported {archive.name}")
+            log(f"images: imported {archive.name} into {node.containerd}")
 
 
 def write_single_binary_image(binary: Path, name: str, archive: Path) -> None:

@@ -19,6 +19,7 @@ KUBECONFIG = RUN / "kubeconfig"
 KUBECTL = RUN / "bin" / "kubectl"
 CLUSTER = HERE / "cluster"
 NODE_NAME = "deviceplugin-e2e"
+SECOND_NODE = f"{NODE_NAME}-2"  # with `NODES=2` (e2e/cluster/topology.py)
 SIMULATED_NODE = Path("/var/lib/deviceplugin-sim")
 EVENTS = SIMULATED_NODE / "events.jsonl"
 WORKLOAD_IMAGE = os.environ.get("E2E_WORKLOAD_IMAGE", "localhost/deviceplugin-e2e-busybox:latest")
@@ -91,13 +92,13 @@ def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 120) -
         time.sleep(1)
 
 
-def allocatable() -> dict[str, str]:
-    node = get("node", NODE_NAME)
-    return dict(node["status"]["allocatable"])
+def allocatable(node: str = NODE_NAME) -> dict[str, str]:
+    found = get("node", node)
+    return dict(found["status"]["allocatable"])
 
 
-def extended(resource: str) -> int:
-    return int(allocatable().get(resource, "0"))
+def extended(resource: str, node: str = NODE_NAME) -> int:
+    return int(allocatable(node).get(resource, "0"))
 
 
 def pod(name: str, namespace: str = "default") -> Obj:
@@ -136,24 +137,27 @@ def delete_workloads() -> None:
     kubectl("delete", "pod", "-n", "default", "-l", "e2e=workload", "--wait=true", "--timeout=120s")
 
 
-def _daemon_pods(label: str) -> list[Obj]:
-    pods: list[Obj] = get("pods", "-n", "kube-system", "-l", label)["items"]
+def _daemon_pods(label: str, node: str | None = None) -> list[Obj]:
+    where = [f"--field-selector=spec.nodeName={node}"] if node else []
+    pods: list[Obj] = get("pods", "-n", "kube-system", "-l", label, *where)["items"]
     return pods
 
 
-def daemon_pod(label: str) -> Obj:
-    """The one pod of a DaemonSet in kube-system, by its label selector; a pod being deleted
-    (a DaemonSet's pod outliving its deleted DaemonSet for a while) is not it."""
-    pods = [p for p in _daemon_pods(label) if not p["metadata"].get("deletionTimestamp")]
+def daemon_pod(label: str, node: str | None = None) -> Obj:
+    """The one pod of a DaemonSet in kube-system, by its label selector (on `node`, where the
+    cluster has more than one); a pod being deleted (a DaemonSet's pod outliving its deleted
+    DaemonSet for a while) is not it."""
+    pods = [p for p in _daemon_pods(label, node) if not p["metadata"].get("deletionTimestamp")]
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
     found: Obj = pods[0]
     return found
 
 
-def daemon_ready(label: str) -> str | None:
-    """The DaemonSet pod's name once all its containers are Ready, and no earlier pod of that
-    label is still stopping beside it (two drivers of one name would share its sockets)."""
-    pods = _daemon_pods(label)
+def daemon_ready(label: str, node: str | None = None) -> str | None:
+    """The DaemonSet pod's name (on `node`) once all its containers are Ready, and no earlier pod
+    of that label is still stopping beside it (two drivers of one name would share its
+    sockets)."""
+    pods = _daemon_pods(label, node)
     if len(pods) != 1 or pods[0]["metadata"].get("deletionTimestamp"):
         return None
     found = pods[0]
@@ -192,6 +196,18 @@ def exec_in(name: str, *command: str, namespace: str = "default") -> str:
 
 def cluster(*args: str) -> None:
     subprocess.run([str(CLUSTER), *args], check=True, timeout=600)
+
+
+def on_node(number: int, command: str) -> str:
+    """A shell command run in node `number`'s view of the host (`cluster exec`): its output."""
+    done = subprocess.run(
+        [str(CLUSTER), "exec", str(number), "--", "sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, f"cluster exec {number} -- {command}: {done.stderr}"
+    return done.stdout
 
 
 def append_event(event: Obj) -> None:

@@ -1,15 +1,17 @@
-"""The cluster's identities: a CA, the API server's and the kubelet's serving certificates, a
-client certificate and a kubeconfig per client, the service-account key pair (openssl, made once
-and kept until `down`), and a GET as the admin for readiness checks."""
+"""The cluster's identities: a CA, the API server's and each kubelet's serving certificates, a
+client certificate and a kubeconfig per client (each kubelet its node's, `system:node:<name>`, so
+the Node authorizer and NodeRestriction hold it to its own node), the service-account key pair
+(openssl, made once and kept until `down`), and a GET as the admin for readiness checks."""
 
 from __future__ import annotations
 
 import json
 import ssl
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
-from e2e.cluster.layout import API_PORT, API_SERVICE_IP, NODE_IP, NODE_NAME, PKI, RUN
+from e2e.cluster.layout import API_PORT, API_SERVICE_IP, FIRST, NODE_IP, NODE_NAME, PKI, RUN, Node
 from e2e.cluster.shell import run
 
 CLIENTS = {
@@ -17,7 +19,6 @@ CLIENTS = {
     "apiserver-kubelet-client": "/O=system:masters/CN=kube-apiserver-kubelet-client",
     "controller-manager": "/CN=system:kube-controller-manager",
     "scheduler": "/CN=system:kube-scheduler",
-    "kubelet": f"/O=system:nodes/CN=system:node:{NODE_NAME}",
 }
 
 
@@ -25,11 +26,31 @@ def openssl(*args: str | Path) -> None:
     run(["openssl", *args])
 
 
-def make_pki() -> None:
+def make_pki(nodes: Sequence[Node] = (FIRST,)) -> None:
     """A CA, the API server's serving certificate, a client certificate per identity and the
-    service-account key pair; made once and kept until `down`."""
-    if (PKI / "done").exists():
-        return
+    service-account key pair, made once and kept until `down`; and each node's kubelet
+    identity."""
+    if not (PKI / "done").exists():
+        make_control_plane_pki()
+    for node in nodes:
+        if not (PKI / f"{node.kubelet}.crt").exists():
+            node_identity(node)
+
+
+def node_identity(node: Node) -> None:
+    """The node's kubelet: a client certificate as `system:node:<name>` in `system:nodes`, and a
+    serving certificate for its address."""
+    certificate(
+        f"{node.kubelet}-serving",
+        f"/CN={node.name}",
+        f"DNS:{node.name},IP:{node.ip},IP:127.0.0.1",
+        "serverAuth",
+    )
+    certificate(node.kubelet, f"/O=system:nodes/CN=system:node:{node.name}", "", "clientAuth")
+
+
+def make_control_plane_pki() -> None:
+    """Everything but the kubelets': the CA first, `done` last."""
     PKI.mkdir(parents=True, exist_ok=True)
     ca = PKI / "ca"
     openssl(
@@ -63,12 +84,6 @@ def make_pki() -> None:
         ]
     )
     certificate("apiserver", "/CN=kube-apiserver", sans, "serverAuth")
-    certificate(
-        "kubelet-serving",
-        f"/CN={NODE_NAME}",
-        f"DNS:{NODE_NAME},IP:{NODE_IP},IP:127.0.0.1",
-        "serverAuth",
-    )
     for name, subject in CLIENTS.items():
         certificate(name, subject, "", "clientAuth")
     (PKI / "done").touch()

@@ -1,6 +1,7 @@
 """The cluster's processes: each component started as a child of the reaper (reaper.py), its PID
 in `run/pids/` and its output in `run/logs/`, stopped by name; and, from /proc, what runs from
-the cluster's binaries, what it left `<defunct>`, and how to end all of it."""
+the cluster's binaries or in a node's mount namespace, what it left `<defunct>`, and how to end
+all of it."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.cluster.layout import CACHE, HERE, LOGS, PIDS, RUN
+from e2e.cluster.cgroups import MOUNTINFO, hierarchies, node_roots, remove_root
+from e2e.cluster.layout import CACHE, HERE, KUBELET_ROOT, LOGS, NODES, PIDS, RUN, Node
 from e2e.cluster.shell import ClusterError, log, wait_for
 
 REAPER = "reaper"
@@ -113,12 +115,17 @@ def stop(name: str, timeout: float = 20) -> None:
 
 
 def kill_leftovers() -> None:
-    """Every process run from the cluster's binaries (components, shims) and every process in
-    the pods' cgroups, then those cgroups themselves."""
-    for pid in binary_pids():
+    """Every process run from the cluster's binaries (components, shims), every process left in
+    a node's mount namespace (its holder, a `cluster exec 2`), so that the namespace and its
+    mounts end, and every process in the pods' cgroups, then those cgroups themselves (node 1's
+    `kubepods`, the other nodes' own roots)."""
+    for pid in binary_pids() | {pid for node in NODES for pid in in_namespace_of(node)}:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    pod_cgroups = sorted(Path("/sys/fs/cgroup").glob("*/kubepods"))
+    mounted = hierarchies(MOUNTINFO.read_text())
+    pod_cgroups = sorted(Path("/sys/fs/cgroup").glob("*/kubepods")) + [
+        root for node in NODES if node.cgroup_root for root in node_roots(node.cgroup_root, mounted)
+    ]
     for root in pod_cgroups:
         for procs in root.rglob("cgroup.procs"):
             for member in procs.read_text().split():
@@ -126,13 +133,41 @@ def kill_leftovers() -> None:
                     os.kill(int(member), signal.SIGKILL)
     time.sleep(0.5)
     for root in pod_cgroups:
-        for cgroup in sorted(
-            (p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
-        ):
-            with contextlib.suppress(OSError):
-                cgroup.rmdir()
-        with contextlib.suppress(OSError):
-            root.rmdir()
+        remove_root(root)
+
+
+def in_namespace_of(node: Node) -> set[int]:
+    """Every process in the node's mount namespace, known by what it shows at the kubelet's
+    root: the node's own folder (none for node 1, which has the host's)."""
+    if node.own_tree is None:
+        return set()
+    return namespace_members(node.host_path(KUBELET_ROOT), KUBELET_ROOT)
+
+
+def namespace_members(source: Path, target: Path) -> set[int]:
+    """Every process whose mount namespace (not this process's) shows the folder `source` at
+    `target`: the same file (device and inode) seen through one member's root, for each
+    namespace, and the whole namespace counted."""
+    try:
+        wanted = os.stat(source)
+    except OSError:
+        return set()
+    by_namespace: dict[str, set[int]] = {}
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            by_namespace.setdefault(os.readlink(proc / "ns" / "mnt"), set()).add(int(proc.name))
+    by_namespace.pop(os.readlink("/proc/self/ns/mnt"), None)
+    found: set[int] = set()
+    for members in by_namespace.values():
+        for pid in members:  # the first that can still be read speaks for the namespace
+            try:
+                seen = os.stat(f"/proc/{pid}/root{target}")
+            except OSError:
+                continue
+            if (seen.st_dev, seen.st_ino) == (wanted.st_dev, wanted.st_ino):
+                found |= members
+            break
+    return found
 
 
 def processes() -> dict[int, tuple[str, str, int]]:
