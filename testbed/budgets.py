@@ -172,6 +172,7 @@ DRA_SERVE_MODULES = _COMMON_MODULES | frozenset(
         "deviceplugin.dra.slicewatch",
         "deviceplugin.model.cdi",
         "deviceplugin.model.assignments",
+        "deviceplugin.model.gatedfields",
         "deviceplugin.model.jsonobject",
         "deviceplugin.model.owners",
         "deviceplugin.model.quantity",

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from deviceplugin.dra.kubeapi import KubeApi, connect
-from deviceplugin.dra.serverfeatures import (
+from deviceplugin.dra.serverfeatures import ServerProbe
+from deviceplugin.model.gatedfields import (
     CONSUMABLE_CAPACITY,
     DEVICE_TAINTS,
     PARTITIONABLE_DEVICES,
     ServerFeatures,
-    ServerProbe,
 )
 from deviceplugin.model.log import FIELDS
 from deviceplugin.model.slices import device_name

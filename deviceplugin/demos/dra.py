@@ -78,6 +78,10 @@ def _claim(device: str) -> dict[str, Any]:
     }
 
 
+def _tainted(device: dict[str, Any] | None) -> bool:
+    return device is not None and not _healthy(device) and bool(device.get("taints"))
+
+
 async def _until(predicate: Any, timeout: float) -> None:
     async with asyncio.timeout(timeout):
         while not predicate():
@@ -136,9 +140,12 @@ async def demo(root: Path, serve_env: Collection[str] = ()) -> int:
         _say("prepare", f"  spec {spec_files[0].name}: {', '.join(nodes)}")
 
         uuid = devices[mig]["attributes"]["uuid"]["string"]
+        # the driver taints an unhealthy device once its probe found the server keeps taints
+        # (until then it leaves the device out): the probe's two dry runs come first
+        await _until(lambda: len(server.dry_runs) >= 2, START_TIMEOUT)
         with events.open("a") as file:
             file.write(json.dumps({"uuid": uuid, "xid": 94}) + "\n")
-        await _until(lambda: not _healthy(_devices(server)[mig]), 5)
+        await _until(lambda: _tainted(_devices(server).get(mig)), 5)
         taint = _devices(server)[mig]["taints"][0]
         _say("health", f"Xid 94 on {mig}: healthy=false, taint {taint['key']}={taint['value']}")
 

@@ -76,18 +76,13 @@ from deviceplugin.dra.registration import (
     plugin_dir,
     registration_socket,
 )
-from deviceplugin.dra.serverfeatures import (
-    DEVICE_TAINTS,
-    UNKNOWN,
-    ServerFeatures,
-    ServerProbe,
-    missing,
-)
+from deviceplugin.dra.serverfeatures import ServerProbe, missing
 from deviceplugin.dra.slicewatch import SliceWatch
 from deviceplugin.model.cdi import CdiOptions
 from deviceplugin.model.config import Config
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, NvmlError
+from deviceplugin.model.gatedfields import DEVICE_TAINTS, UNKNOWN, ServerFeatures
 from deviceplugin.model.hostpaths import MPS_CONTROL_SOCKET, socket_path_problem
 from deviceplugin.model.log import log_event
 from deviceplugin.model.owners import claim_device_holds

@@ -66,18 +66,15 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deviceplugin.dra.serverfeatures import ALL_KEPT, ServerFeatures
 from deviceplugin.model.devices import Inventory
+from deviceplugin.model.gatedfields import ALL_KEPT, ServerFeatures, slice_contents
 from deviceplugin.model.log import log_event
-from deviceplugin.model.migpartitions import counter_sets
 from deviceplugin.model.record import record
 from deviceplugin.model.slices import (
     DEFAULT_TAINT,
     DRIVER,
     TaintEffect,
-    build_devices,
     build_slices,
-    quantity,
 )
 from deviceplugin.runtime.kubeclient import KubeError
 
@@ -426,30 +423,6 @@ class SlicePublisher:
             generation=generation,
         )
         return True
-
-
-def slice_contents(
-    inventory: Inventory,
-    unhealthy: Mapping[str, str],
-    driver: str,
-    taint: TaintEffect | None,
-    memory_shares: bool,
-    dynamic_mig: bool,
-    kept: ServerFeatures,
-    blocked: Mapping[str, str] | None = None,
-    withheld: Holdings | None = None,
-) -> tuple[list[JsonObject], list[JsonObject]]:
-    """The devices and counter sets to publish where the API server keeps `kept`: without
-    counters no partition or counter set, without consumable capacity no share, without taints
-    no unhealthy device (it would be offered untainted)."""
-    shares = memory_shares and kept.consumable_capacity
-    devices = build_devices(
-        inventory, unhealthy, driver, taint, shares, dynamic_mig, blocked, withheld, kept.counters
-    )
-    if not kept.taints:
-        devices = [d for d in devices if not d.get("taints")]
-    with_counters = dynamic_mig and kept.counters
-    return devices, counter_sets(inventory, quantity) if with_counters else []
 
 
 def _versions(items: Iterable[JsonObject]) -> dict[str, str]:

@@ -25,9 +25,15 @@ import logging
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
+from deviceplugin.model.gatedfields import (
+    CONSUMABLE_CAPACITY,
+    FIRST_ON,
+    PARTITIONABLE_DEVICES,
+    UNKNOWN,
+    ServerFeatures,
+)
 from deviceplugin.model.log import log_event
 from deviceplugin.model.memoryshares import MEMORY, request_policy
-from deviceplugin.model.record import record
 from deviceplugin.model.slices import quantity
 from deviceplugin.runtime.kubeclient import KubeError
 
@@ -35,10 +41,6 @@ logger = logging.getLogger(__name__)
 
 JsonObject = dict[str, Any]
 
-FIRST_ON = "1.36"  # the first Kubernetes release with each of these gates on by default
-PARTITIONABLE_DEVICES = "DRAPartitionableDevices"
-CONSUMABLE_CAPACITY = "DRAConsumableCapacity"
-DEVICE_TAINTS = "DRADeviceTaints"
 _PROBE = "probe"  # the device's and counter set's name
 _GIB = 1 << 30
 # The probe device's memory: room above the smallest share for a step, which the API server
@@ -52,40 +54,6 @@ class ProbeApi(Protocol):
 
     async def server_version(self) -> str: ...
     async def dry_run_slice(self, body: JsonObject) -> JsonObject: ...
-
-
-@record(frozen=True)
-class ServerFeatures:
-    """Which gated fields the API server keeps; `version` "" until a probe answered, `error`
-    why the latest probe could not be made."""
-
-    counters: bool
-    consumable_capacity: bool
-    taints: bool
-    version: str = ""
-    error: str | None = None
-
-    @property
-    def known(self) -> bool:
-        return self.version != ""
-
-    def document(self) -> JsonObject:
-        """For /status."""
-        return {**asdict(self), "known": self.known, "version": self.version or None}
-
-
-UNKNOWN = ServerFeatures(counters=False, consumable_capacity=False, taints=False)
-ALL_KEPT = ServerFeatures(counters=True, consumable_capacity=True, taints=True)
-
-# What each Kubernetes release keeps with its default feature gates (the three gates are alpha,
-# off, in 1.34 and 1.35 and on from 1.36), as the probe finds on a cluster of that release; for
-# `dra explain --kubernetes-version`, which has no server to ask.
-BY_DEFAULT = {
-    "1.34": replace(UNKNOWN, version="v1.34"),
-    "1.35": replace(UNKNOWN, version="v1.35"),
-    "1.36": replace(ALL_KEPT, version="v1.36"),
-    "1.37": replace(ALL_KEPT, version="v1.37"),
-}
 
 
 def missing(

@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.dra.publisher import slice_contents
 from deviceplugin.explain.claims import Allocation, Candidate, allocate_all, select
 from deviceplugin.explain.counters import SharedCounters
 from deviceplugin.explain.resourceapi import Claim, read_claims, read_classes
@@ -39,6 +38,7 @@ from deviceplugin.explain.selectors import SelectorError, SelectorLimitError
 from deviceplugin.explain.versions import as_stored, features
 from deviceplugin.model.devices import Inventory
 from deviceplugin.model.errors import ConfigError, DevicePluginError
+from deviceplugin.model.gatedfields import slice_contents
 from deviceplugin.model.slices import build_slices, quantity
 from deviceplugin.model.xidpolicy import HealthPolicy
 from deviceplugin.model.yamlimport import yaml

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from deviceplugin.dra.serverfeatures import (
+from deviceplugin.explain.resourceapi import Claim, DeviceChoice, Request
+from deviceplugin.model.errors import ConfigError
+from deviceplugin.model.gatedfields import (
     ALL_KEPT,
     BY_DEFAULT,
     CONSUMABLE_CAPACITY,
     DEVICE_TAINTS,
     ServerFeatures,
 )
-from deviceplugin.explain.resourceapi import Claim, DeviceChoice, Request
-from deviceplugin.model.errors import ConfigError
 
 
 def features(version: str | None) -> ServerFeatures:
