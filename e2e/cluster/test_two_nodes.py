@@ -14,11 +14,15 @@ file order; each deploys what it needs and removes it.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+import subprocess
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from deviceplugin.sim.node import Node, read_node, resolve_node_path
 from e2e.cluster import processes
@@ -34,6 +38,7 @@ from e2e.cluster.kube import (
     daemon_ready,
     extended,
     get,
+    helm,
     kubectl,
     on_node,
     pod,
@@ -42,9 +47,11 @@ from e2e.cluster.kube import (
     wait_until,
     workload_pod,
 )
-from e2e.cluster.layout import KUBELET_ROOT, SECOND
+from e2e.cluster.layout import FIRST, KUBELET_ROOT, RUN, SECOND
 from e2e.cluster.served import served
 from e2e.cluster.test_dra import DRIVER, DRIVER_LABEL, OVERLAY
+from e2e.cluster.test_helm import CHART, CONFIG_LABEL, RELEASE
+from e2e.cluster.test_helm import VALUES as HELM_VALUES
 from e2e.cluster.test_migration import EXTENDED_CLASSES, PLUGIN_LABEL, ours
 from e2e.cluster.test_node_restriction import (
     NODE_NAME_KEY,
@@ -54,6 +61,7 @@ from e2e.cluster.test_node_restriction import (
     refused,
     slice_manifest,
 )
+from e2e.cluster.test_rolling_update import Lowest
 from e2e.cluster.topology import recorded
 
 TOPOLOGY = recorded()
@@ -341,6 +349,49 @@ class TestDevicePluginAndDraSideBySide:
         assert owners == {n for n, node in placed.items() if node == SECOND_NODE}
 
 
+# One config per node type, chosen by the node label the reference's chart reads: the A10s
+# time-sliced four ways for inference, the A100s as MIG devices (migStrategy mixed) and whole.
+PER_NODE_CONFIGS = {
+    "a100-mig": "version: v1\nflags:\n  migStrategy: mixed\n",
+    "a10-inference": (
+        "version: v1\nflags:\n  migStrategy: none\nsharing:\n  timeSlicing:\n"
+        "    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n"
+    ),
+}
+
+
+@pytest.fixture(scope="class")
+def chart_per_node_type(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    values = yaml.safe_load(HELM_VALUES.read_text())
+    values["config"] = {"default": "a100-mig", "map": PER_NODE_CONFIGS}
+    path = tmp_path_factory.mktemp("helm") / "values.yaml"
+    path.write_text(json.dumps(values))
+    kubectl("label", "node", SECOND_NODE, f"{CONFIG_LABEL}=a10-inference", "--overwrite")
+    helm("install", RELEASE, str(CHART), "--values", str(path), "--wait", "--timeout", "240s")
+    yield
+    delete_workloads()
+    helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
+    kubectl("label", "node", SECOND_NODE, f"{CONFIG_LABEL}-")
+
+
+@pytest.mark.usefixtures("chart_per_node_type")
+class TestTheChartsConfigPerNodeType:
+    def test_each_node_serves_the_config_its_label_names(self) -> None:
+        a10s = len(SECOND_MODEL.gpus)
+        whole = sum(not gpu.mig_enabled for gpu in FIRST_MODEL.gpus)
+        wait_until(f"{GPU} {4 * a10s} on node 2", lambda: extended(GPU, SECOND_NODE) == 4 * a10s)
+        wait_until(f"{GPU} {whole} on node 1", lambda: extended(GPU) == whole, timeout=120)
+        wait_until(f"{MIG} 28 on node 1", lambda: extended(MIG) == 28)
+        assert extended(MIG, SECOND_NODE) == 0
+        # four pods share each A10; a MIG pod goes where MIG is
+        names = start_all(
+            [on(SECOND_NODE, workload(f"inference-{n}", {GPU: "1"})) for n in range(8)]
+        )
+        assert {node_of(name) for name in names} == {SECOND_NODE}
+        start_all([workload("mig-pod", {MIG: "1"})])
+        assert node_of("mig-pod") == NODE_NAME
+
+
 @pytest.fixture(scope="class")
 def dra_on_both() -> Iterator[None]:
     EVENTS.write_text("")
@@ -361,6 +412,62 @@ def dra_on_both() -> Iterator[None]:
     wait_until("no driver pod", lambda: no_daemon_pods(DRIVER_LABEL), timeout=120)
     EVENTS.write_text("")
     on_node(2, f": > {SECOND_EVENTS}")
+
+
+def published_count(node: str) -> int:
+    """How many devices the node's newest pool generation has published (as the scheduler
+    counts them while a driver writes)."""
+    found = node_slices(node)
+    if not found:
+        return 0
+    newest = max(s["spec"]["pool"]["generation"] for s in found)
+    current = [s for s in found if s["spec"]["pool"]["generation"] == newest]
+    return sum(len(s["spec"].get("devices", [])) for s in current)
+
+
+def pool_counter(node: str) -> Callable[[], int]:
+    return lambda: published_count(node)
+
+
+def containers(names: list[str]) -> dict[str, str]:
+    """Each pod's container ID: the same after an update means it ran on untouched."""
+    return {name: pod(name)["status"]["containerStatuses"][0]["containerID"] for name in names}
+
+
+def tag_on_both_nodes(image: str) -> str:
+    """The same image under a new tag in each node's containerd: what a release would ship."""
+    rolled = f"{image}-rolled"
+    for node in (FIRST, SECOND):
+        address = str(node.containerd_socket)
+        ctr = [str(RUN / "bin" / "ctr"), "--address", address, "-n", "k8s.io", "images"]
+        subprocess.run([*ctr, "rm", rolled], capture_output=True, check=False)
+        subprocess.run([*ctr, "tag", image, rolled], capture_output=True, check=True)
+    return rolled
+
+
+def set_driver_image(image: str) -> None:
+    """Roll the DRA DaemonSet to `image` and wait until every node runs it."""
+    daemonset = ("-n", "kube-system", "daemonset/deviceplugin-dra")
+    kubectl("set", "image", *daemonset, f"dra={image}")
+    kubectl("rollout", "status", *daemonset, "--timeout=300s", timeout=320)
+
+
+def rolled_alone(node: str, image: str) -> Callable[[], bool]:
+    """Whether only the driver pod of `image` is left on `node`, and Ready."""
+
+    def alone() -> bool:
+        pods = [
+            p
+            for p in get("pods", "-n", "kube-system", "-l", DRIVER_LABEL)["items"]
+            if p["spec"].get("nodeName") == node
+        ]
+        return (
+            len(pods) == 1
+            and pods[0]["spec"]["containers"][0]["image"] == image
+            and daemon_ready(DRIVER_LABEL, node) is not None
+        )
+
+    return alone
 
 
 def product_is(product: str) -> str:
@@ -423,6 +530,32 @@ class TestDraOnBothNodes:
         wait_until("node 2's pool after its kubelet", lambda: pool_of_size(SECOND_NODE, size), 240)
         assert versions(NODE_NAME) == before
         assert get("node", NODE_NAME)["metadata"]["labels"] == labels
+
+    def test_a_rolling_update_of_the_driver_leaves_no_gap_in_either_nodes_slices(self) -> None:
+        """Both nodes' drivers replaced one node at a time (surge: the new pod beside the old),
+        with a claim prepared on each node: each node's pool stays whole throughout and the
+        claims' containers run on untouched."""
+        names = start_all(
+            [claim_workload("rolled-a10", "second-product"), claim_workload("rolled-mig", "mig-1g")]
+        )
+        assert {node_of(name) for name in names} == set(NODES)
+        before = containers(names)
+        sizes = {NODE_NAME: devices_of(FIRST_MODEL), SECOND_NODE: devices_of(SECOND_MODEL)}
+        image = daemon_pod(DRIVER_LABEL, NODE_NAME)["spec"]["containers"][0]["image"]
+        rolled = tag_on_both_nodes(image)
+        with contextlib.ExitStack() as sampling:
+            lowest = {node: sampling.enter_context(Lowest(pool_counter(node))) for node in NODES}
+            set_driver_image(rolled)
+            for node in NODES:
+                wait_until(
+                    f"the rolled driver alone on {node}",
+                    rolled_alone(node, rolled),
+                    timeout=120,
+                )
+            time.sleep(3)  # past the old pods' exit
+        assert {node: lowest[node].lowest for node in NODES} == sizes  # no gap on either node
+        assert containers(names) == before and all(pod_running(name) for name in names)
+        set_driver_image(image)
 
     def test_an_xid_on_a_node_2_gpu_takes_only_that_gpu_out(self) -> None:
         """Last: the Xid stays in node 2's events file until the class ends."""
