@@ -111,7 +111,7 @@ class InstantApi:
             metadata["name"] = f"{metadata.get('generateName', 'object-')}{self._version}"
         metadata.update(uid=f"uid-{self._version}", resourceVersion=str(self._version))
         if item.get("kind") == "ResourceSlice":
-            self.devices += len(item.get("spec", {}).get("devices", []))
+            self.devices += len(item.get("spec", {}).get("devices") or [])
         self._count(item)
         return item
 

@@ -77,7 +77,7 @@ async def prepares(root: Path, mig_mode: MigMode, pick: str) -> list[float]:
         names = [
             d["name"]
             for s in server.slices.values()
-            for d in s["spec"].get("devices", [])
+            for d in (s["spec"].get("devices") or [])
             if pick in d["name"]
         ]
         if not names:

@@ -156,7 +156,7 @@ def published() -> dict[str, Obj]:
         device["name"]: device
         for s in found
         if s["spec"]["pool"]["generation"] == newest
-        for device in s["spec"].get("devices", [])
+        for device in (s["spec"].get("devices") or [])
     }
 
 
@@ -287,7 +287,7 @@ def whole_pool() -> dict[str, Obj] | None:
     current = [s for s in found if s["spec"]["pool"]["generation"] == newest]
     if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
         return None
-    return {d["name"]: d for s in current for d in s["spec"].get("devices", [])}
+    return {d["name"]: d for s in current for d in (s["spec"].get("devices") or [])}
 
 
 def test_slices_do_not_follow_the_device_plugins_mig_strategy() -> None:

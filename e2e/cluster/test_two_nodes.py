@@ -163,7 +163,7 @@ def pool(node: str) -> dict[str, Obj] | None:
     current = [s for s in found if s["spec"]["pool"]["generation"] == newest]
     if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
         return None
-    return {d["name"]: d for s in current for d in s["spec"].get("devices", [])}
+    return {d["name"]: d for s in current for d in (s["spec"].get("devices") or [])}
 
 
 def pool_of_size(node: str, size: int) -> dict[str, Obj] | None:
@@ -422,7 +422,7 @@ def published_count(node: str) -> int:
         return 0
     newest = max(s["spec"]["pool"]["generation"] for s in found)
     current = [s for s in found if s["spec"]["pool"]["generation"] == newest]
-    return sum(len(s["spec"].get("devices", [])) for s in current)
+    return sum(len(s["spec"].get("devices") or []) for s in current)
 
 
 def pool_counter(node: str) -> Callable[[], int]:
