@@ -113,7 +113,10 @@ def visible_gpu(name: str) -> int:
 # unchanged `limits` pod is served by a claim the scheduler makes; without it that pod cannot run
 # there, so the scenario checks it waits and asks the same device by a claim of the class the
 # extended resource maps to (one template per resource, made by the `classes` fixture).
-CLAIM_TEMPLATES = {GPU: ("whole-gpu", "gpu.nvidia.com"), MIG: ("mig-1g", "mig-1g.10gb.nvidia.com")}
+CLAIM_TEMPLATES = {
+    GPU: ("migration-whole-gpu", "gpu.nvidia.com"),
+    MIG: ("migration-mig-1g", "mig-1g.10gb.nvidia.com"),
+}
 
 
 def start(name: str, limits: dict[str, str], on_dra: bool = False) -> None:
@@ -216,6 +219,8 @@ def classes() -> Iterator[None]:
     for manifests in (ours(plugin=True), ours(plugin=False), reference()):
         kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", stdin=manifests, check=False)
     kubectl("delete", "-f", str(EXTENDED_CLASSES), "--wait=true", check=False)
+    for name, _ in CLAIM_TEMPLATES.values():
+        kubectl("delete", "resourceclaimtemplate", "-n", "default", name, check=False)
     label(None)
 
 
