@@ -513,23 +513,28 @@ class TestDraOnBothNodes:
         refused(answer, SLICE_POLICY, f"the DRA driver on node {NODE_NAME} may write only")
         assert versions(NODE_NAME) == before
 
-    def test_restarting_node_2s_driver_or_kubelet_leaves_node_1_alone(self) -> None:
-        before = versions(NODE_NAME)
-        labels = get("node", NODE_NAME)["metadata"]["labels"]
-        old = daemon_pod(DRIVER_LABEL, SECOND_NODE)["metadata"]["name"]
+    @pytest.mark.parametrize(("restarted", "other"), [(2, 1), (1, 2)], ids=["node-2", "node-1"])
+    def test_restarting_one_nodes_driver_or_kubelet_leaves_the_other_alone(
+        self, restarted: int, other: int
+    ) -> None:
+        node, model = (SECOND_NODE, SECOND_MODEL) if restarted == 2 else (NODE_NAME, FIRST_MODEL)
+        untouched = NODES[other - 1]
+        before = versions(untouched)
+        labels = get("node", untouched)["metadata"]["labels"]
+        old = daemon_pod(DRIVER_LABEL, node)["metadata"]["name"]
         kubectl("delete", "pod", "-n", "kube-system", old, "--wait=true")
         wait_until(
-            "a new driver Ready on node 2",
-            lambda: daemon_ready(DRIVER_LABEL, SECOND_NODE) not in (None, old),
+            f"a new driver Ready on {node}",
+            lambda: daemon_ready(DRIVER_LABEL, node) not in (None, old),
             timeout=240,
         )
-        size = devices_of(SECOND_MODEL)
-        wait_until("node 2's pool again", lambda: pool_of_size(SECOND_NODE, size), 120)
-        assert versions(NODE_NAME) == before
-        cluster("restart", "kubelet-2")
-        wait_until("node 2's pool after its kubelet", lambda: pool_of_size(SECOND_NODE, size), 240)
-        assert versions(NODE_NAME) == before
-        assert get("node", NODE_NAME)["metadata"]["labels"] == labels
+        size = devices_of(model)
+        wait_until(f"{node}'s pool again", lambda: pool_of_size(node, size), 120)
+        assert versions(untouched) == before
+        cluster("restart", "kubelet" if restarted == 1 else "kubelet-2")
+        wait_until(f"{node}'s pool after its kubelet", lambda: pool_of_size(node, size), 240)
+        assert versions(untouched) == before
+        assert get("node", untouched)["metadata"]["labels"] == labels
 
     def test_a_rolling_update_of_the_driver_leaves_no_gap_in_either_nodes_slices(self) -> None:
         """Both nodes' drivers replaced one node at a time (surge: the new pod beside the old),
