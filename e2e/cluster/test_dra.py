@@ -150,13 +150,40 @@ def slices() -> list[Obj]:
 
 def published() -> dict[str, Obj]:
     """Every published device by name, from the current generation of the node's pool."""
-    found = slices()
+    return newest_devices(slices())
+
+
+def newest_devices(found: list[Obj]) -> dict[str, Obj]:
+    """The devices of the newest pool generation among `found` slices (at least one), by name."""
+    return {d["name"]: d for s in newest_generation(found) for d in s["spec"].get("devices") or []}
+
+
+def newest_generation(found: list[Obj]) -> list[Obj]:
     newest = max(s["spec"]["pool"]["generation"] for s in found)
+    return [s for s in found if s["spec"]["pool"]["generation"] == newest]
+
+
+def complete_pool(found: list[Obj]) -> dict[str, Obj] | None:
+    """The devices of `found`'s newest generation once all its slices are there (as many as the
+    pool says it has); None before."""
+    if not found:
+        return None
+    current = newest_generation(found)
+    if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
+        return None
+    return newest_devices(current)
+
+
+def claim_template(name: str, device_class: str, selector: str | None = None) -> Obj:
+    """A claim template for one device of `device_class`, matching `selector` (CEL) if given."""
+    request: Obj = {"name": "gpu", "exactly": {"deviceClassName": device_class}}
+    if selector:
+        request["exactly"]["selectors"] = [{"cel": {"expression": selector}}]
     return {
-        device["name"]: device
-        for s in found
-        if s["spec"]["pool"]["generation"] == newest
-        for device in (s["spec"].get("devices") or [])
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
     }
 
 
@@ -279,15 +306,8 @@ def test_slices_describe_every_gpu_and_mig_device_as_v1() -> None:
 
 def whole_pool() -> dict[str, Obj] | None:
     """Every device of the node's pool by name, once every slice of its newest generation is
-    published (as many as the pool says it has); None before."""
-    found = slices()
-    if not found:
-        return None
-    newest = max(s["spec"]["pool"]["generation"] for s in found)
-    current = [s for s in found if s["spec"]["pool"]["generation"] == newest]
-    if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
-        return None
-    return {d["name"]: d for s in current for d in (s["spec"].get("devices") or [])}
+    published; None before."""
+    return complete_pool(slices())
 
 
 def test_slices_do_not_follow_the_device_plugins_mig_strategy() -> None:

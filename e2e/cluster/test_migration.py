@@ -46,7 +46,7 @@ from e2e.cluster.kube import (
 )
 from e2e.cluster.served import observed, served
 from e2e.cluster.test_device_plugin import gpu_minor, seen
-from e2e.cluster.test_dra import DRIVER_LABEL, published
+from e2e.cluster.test_dra import DRIVER_LABEL, claim_pod, claim_template, published
 
 GPU, MIG = "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"
 LABEL = "nvidia.com/dra"
@@ -133,28 +133,7 @@ def start(name: str, limits: dict[str, str], on_dra: bool = False) -> None:
     assert "Insufficient" in reason, reason
     kubectl("delete", "pod", "-n", "default", f"{name}-unchanged", "--wait=true")
     ((resource, _),) = limits.items()
-    manifest = workload_pod(name, {})
-    spec = manifest["spec"]
-    spec["resourceClaims"] = [
-        {"name": "gpu", "resourceClaimTemplateName": CLAIM_TEMPLATES[resource][0]}
-    ]
-    spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-    apply(manifest)
-
-
-def claim_template(name: str, device_class: str) -> Obj:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "spec": {
-                "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class}}]
-                }
-            }
-        },
-    }
+    apply(claim_pod(name, CLAIM_TEMPLATES[resource][0], {"e2e": "workload"}))
 
 
 def settle(names: list[str]) -> tuple[list[str], list[str]]:

@@ -49,7 +49,15 @@ from e2e.cluster.kube import (
 )
 from e2e.cluster.layout import FIRST, KUBELET_ROOT, RUN, SECOND
 from e2e.cluster.served import served
-from e2e.cluster.test_dra import DRIVER, DRIVER_LABEL, OVERLAY
+from e2e.cluster.test_dra import (
+    DRIVER,
+    DRIVER_LABEL,
+    OVERLAY,
+    claim_pod,
+    claim_template,
+    complete_pool,
+    newest_devices,
+)
 from e2e.cluster.test_helm import CHART, CONFIG_LABEL, RELEASE
 from e2e.cluster.test_helm import VALUES as HELM_VALUES
 from e2e.cluster.test_migration import EXTENDED_CLASSES, PLUGIN_LABEL, ours
@@ -127,23 +135,7 @@ def workload(name: str, limits: dict[str, str]) -> Obj:
 
 
 def claim_workload(name: str, template: str) -> Obj:
-    manifest = workload(name, {})
-    spec = manifest["spec"]
-    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
-    spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-    return manifest
-
-
-def claim_template(name: str, device_class: str, selector: str | None = None) -> Obj:
-    request: Obj = {"name": "gpu", "exactly": {"deviceClassName": device_class}}
-    if selector:
-        request["exactly"]["selectors"] = [{"cel": {"expression": selector}}]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"spec": {"devices": {"requests": [request]}}},
-    }
+    return claim_pod(name, template, {"e2e": "two-nodes"})
 
 
 def node_slices(node: str) -> list[Obj]:
@@ -156,14 +148,7 @@ def node_slices(node: str) -> list[Obj]:
 def pool(node: str) -> dict[str, Obj] | None:
     """The node's published devices by name, once every slice of its pool's newest generation
     is there; None before."""
-    found = node_slices(node)
-    if not found:
-        return None
-    newest = max(s["spec"]["pool"]["generation"] for s in found)
-    current = [s for s in found if s["spec"]["pool"]["generation"] == newest]
-    if len(current) != current[0]["spec"]["pool"]["resourceSliceCount"]:
-        return None
-    return {d["name"]: d for s in current for d in (s["spec"].get("devices") or [])}
+    return complete_pool(node_slices(node))
 
 
 def pool_of_size(node: str, size: int) -> dict[str, Obj] | None:
@@ -418,11 +403,7 @@ def published_count(node: str) -> int:
     """How many devices the node's newest pool generation has published (as the scheduler
     counts them while a driver writes)."""
     found = node_slices(node)
-    if not found:
-        return 0
-    newest = max(s["spec"]["pool"]["generation"] for s in found)
-    current = [s for s in found if s["spec"]["pool"]["generation"] == newest]
-    return sum(len(s["spec"].get("devices") or []) for s in current)
+    return len(newest_devices(found)) if found else 0
 
 
 def pool_counter(node: str) -> Callable[[], int]:
