@@ -151,3 +151,20 @@ def test_a_version_it_does_not_know_exits_2_naming_those_it_knows(
     err = capsys.readouterr().err
     assert code == 2
     assert f"--kubernetes-version: {version!r} is not one of 1.34, 1.35, 1.36, 1.37" in err
+
+
+def test_a_distinct_attribute_constraint_is_dropped_on_1_35_and_named(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    spread = claim("spread", deviceClassName="gpu.nvidia.com", count=2)
+    spread["spec"]["devices"]["constraints"] = [{"distinctAttribute": "gpu.nvidia.com/uuid"}]
+    args = ["--class", str(CLASSES), "--simulate", A100]
+    newest = explain(capsys, tmp_path, *args, claims=(spread,))
+    old = explain(capsys, tmp_path, *args, "--kubernetes-version", "1.35", claims=(spread,))
+    assert not any("distinctAttribute" in note for note in newest["claims"][0]["notes"])
+    dropped = (
+        "constraint: distinctAttribute gpu.nvidia.com/uuid dropped by a Kubernetes 1.35 API"
+        " server (DRAConsumableCapacity off)"
+    )
+    assert dropped in old["claims"][0]["notes"], old["claims"][0]["notes"]
+    assert old["claims"][0]["failure"] == ""
